@@ -1,0 +1,144 @@
+"""The tying map: which transformer block uses which block's weights.
+
+`tying_map[i] = j` means block `i` computes with block `j`'s weights. `j == i` means block `i`
+is independent (owns its weights); `j < i` means block `i` is tied to block `j`. Block 0 is always
+independent. Maps are kept in canonical form, where every entry points at an independent block,
+so that "which Parameters does block i use" is one look-up and two maps that share weights the
+same way compare equal.
+
+This file only depends on the standard library: it is copied next to saved checkpoints so that
+they load with `trust_remote_code=True` in environments without `hf_layertie`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from numbers import Integral
+
+
+def _validate_entries(entries: Sequence, num_blocks: int | None) -> list[int]:
+    if isinstance(entries, (str, bytes)) or not isinstance(entries, Iterable):
+        raise ValueError(f"tying_map must be a sequence of block indices, got {type(entries).__name__}: {entries!r}")
+    entries = list(entries)
+    if not entries:
+        raise ValueError("tying_map must have one entry per block, got an empty sequence")
+    if num_blocks is not None and len(entries) != num_blocks:
+        raise ValueError(
+            f"tying_map has {len(entries)} entries but the model has {num_blocks} blocks; "
+            f"expected exactly one entry per block"
+        )
+    for index, value in enumerate(entries):
+        if isinstance(value, bool) or not isinstance(value, Integral):
+            raise ValueError(f"tying_map[{index}] = {value!r} is not an integer block index")
+        if value < 0:
+            raise ValueError(f"tying_map[{index}] = {value} is negative; block indices start at 0")
+        if value > index:
+            if index == 0:
+                raise ValueError(f"tying_map[0] = {value}: block 0 is always independent, its entry must be 0")
+            raise ValueError(
+                f"tying_map[{index}] = {value} is a forward reference: block {index} may only use its own "
+                f"weights ({index}) or those of an earlier block (0..{index - 1})"
+            )
+    return [int(value) for value in entries]
+
+
+def _canonicalize(entries: list[int]) -> tuple[int, ...]:
+    """Resolve chains (3 -> 2 -> 0 becomes 3 -> 0). Entries only point backwards, so one pass suffices."""
+    roots: list[int] = []
+    for index, value in enumerate(entries):
+        roots.append(index if value == index else roots[value])
+    return tuple(roots)
+
+
+@dataclass(frozen=True)
+class TyingMap(Sequence):
+    """A validated, canonical tying map.
+
+    Args:
+        entries: `entries[i]` is the block whose weights block `i` uses (`i` itself for independent).
+            Chains are resolved to their root.
+        num_blocks: if given, the number of blocks the map must cover.
+
+    Raises:
+        ValueError: naming the index, the value and the rule broken (length, integer, sign, order).
+    """
+
+    entries: tuple[int, ...]
+
+    def __init__(self, entries: Iterable[int], num_blocks: int | None = None):
+        object.__setattr__(self, "entries", _canonicalize(_validate_entries(entries, num_blocks)))
+
+    @classmethod
+    def independent(cls, num_blocks: int) -> TyingMap:
+        """The map of a conventional transformer: every block owns its weights."""
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be at least 1, got {num_blocks}")
+        return cls(range(num_blocks))
+
+    def __getitem__(self, index):
+        return self.entries[index]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __repr__(self) -> str:
+        return f"TyingMap({self.render()})"
+
+    @property
+    def num_distinct(self) -> int:
+        """Number of blocks that own weights: the number of trainable block copies."""
+        return len(self.independent_blocks)
+
+    @property
+    def independent_blocks(self) -> list[int]:
+        return [index for index, root in enumerate(self.entries) if root == index]
+
+    def is_independent(self, block: int) -> bool:
+        return self.entries[block] == block
+
+    def groups(self) -> dict[int, list[int]]:
+        """Blocks grouped by the block whose weights they use: `{root: [root, tied, ...]}`."""
+        groups: dict[int, list[int]] = {}
+        for index, root in enumerate(self.entries):
+            groups.setdefault(root, []).append(index)
+        return groups
+
+    def with_decision(self, block: int, source: int) -> TyingMap:
+        """The map after tying `block` to `source` (or untying it when `source == block`).
+
+        Blocks that were tied to `block` follow it: they resolve to `block`'s new root.
+        """
+        if not 0 <= block < len(self):
+            raise ValueError(f"block {block} is out of range for a map of {len(self)} blocks")
+        entries = list(self.entries)
+        entries[block] = source
+        return TyingMap(entries)
+
+    def render(self) -> str:
+        """One line, one number per block, e.g. `0 0 0 3 3 5`."""
+        return " ".join(str(root) for root in self.entries)
+
+    def to_list(self) -> list[int]:
+        return list(self.entries)
+
+
+class TyingConfigMixin:
+    """Validates `tying_map` for the tied model configs (`TiedGPT2Config`, `TiedBertConfig`).
+
+    `tying_map = None` means every block is independent; it stays `None` so that changing the
+    number of layers (e.g. with `--config_overrides`) needs no second edit. A given map is validated
+    against `num_hidden_layers` and stored in canonical form.
+    """
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        if self.tying_map is not None:
+            self.tying_map = TyingMap(self.tying_map, num_blocks=self.num_hidden_layers).to_list()
+
+    @property
+    def tying(self) -> TyingMap:
+        """The map as a `TyingMap` (independent blocks when `tying_map` is `None`)."""
+        if self.tying_map is None:
+            return TyingMap.independent(self.num_hidden_layers)
+        return TyingMap(self.tying_map, num_blocks=self.num_hidden_layers)

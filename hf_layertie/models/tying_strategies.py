@@ -1,0 +1,84 @@
+"""Static tying strategies: fixed maps used as baselines and as starting points for DLT.
+
+Spec strings (`parse_strategy("cycle:4", num_blocks=12)`):
+
+- `independent`: every block owns its weights (conventional training).
+- `all`: every block uses block 0 (ALBERT, Universal Transformer).
+- `sequence:U`: U distinct blocks, each used by a run of consecutive positions
+  (`0 0 0 3 3 3 ...`; Takase & Kiyono, 2021).
+- `cycle:U`: U distinct blocks used in turn (`0 1 2 0 1 2 ...`; Takase & Kiyono).
+- `cycle_rev:U`: like `cycle`, the last cycle visited in reverse (`0 1 2 0 1 2 2 1 0`; Takase & Kiyono).
+- `sandwich`: first and last blocks independent, every middle block shares block 1 (Subformer;
+  Reid et al., 2021).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .tying_map import TyingMap
+
+
+def _independent(num_blocks: int) -> list[int]:
+    return list(range(num_blocks))
+
+
+def _all(num_blocks: int) -> list[int]:
+    return [0] * num_blocks
+
+
+def _sequence(num_blocks: int, distinct: int) -> list[int]:
+    # Position i belongs to run floor(i * U / L); each run uses its first position's weights.
+    runs = [index * distinct // num_blocks for index in range(num_blocks)]
+    first_of_run = {run: runs.index(run) for run in set(runs)}
+    return [first_of_run[run] for run in runs]
+
+
+def _cycle(num_blocks: int, distinct: int) -> list[int]:
+    return [index % distinct for index in range(num_blocks)]
+
+
+def _cycle_rev(num_blocks: int, distinct: int) -> list[int]:
+    # Takase & Kiyono's CYCLE (REV): cycle over the first L - U positions, then the last U positions
+    # visit the distinct blocks in reverse order.
+    head = [index % distinct for index in range(num_blocks - distinct)]
+    return head + list(reversed(range(distinct)))
+
+
+def _sandwich(num_blocks: int) -> list[int]:
+    if num_blocks < 3:
+        return list(range(num_blocks))
+    return [0] + [1] * (num_blocks - 2) + [num_blocks - 1]
+
+
+_FIXED: dict[str, Callable[[int], list[int]]] = {"independent": _independent, "all": _all, "sandwich": _sandwich}
+_WITH_DISTINCT: dict[str, Callable[[int, int], list[int]]] = {
+    "sequence": _sequence,
+    "cycle": _cycle,
+    "cycle_rev": _cycle_rev,
+}
+STRATEGY_NAMES: tuple[str, ...] = tuple(_FIXED) + tuple(f"{name}:U" for name in _WITH_DISTINCT)
+
+
+def parse_strategy(spec: str, num_blocks: int) -> TyingMap:
+    """Build the map of a static strategy from its spec string (see the module docstring)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"tying strategy must be a non-empty string, one of {', '.join(STRATEGY_NAMES)}; got {spec!r}")
+    if num_blocks < 1:
+        raise ValueError(f"num_blocks must be at least 1, got {num_blocks}")
+    name, _, argument = spec.strip().partition(":")
+    if name in _FIXED:
+        if argument:
+            raise ValueError(f"tying strategy {name!r} takes no ':U' argument, got {spec!r}")
+        return TyingMap(_FIXED[name](num_blocks))
+    if name not in _WITH_DISTINCT:
+        raise ValueError(f"unknown tying strategy {name!r} in {spec!r}; expected one of {', '.join(STRATEGY_NAMES)}")
+    if not argument.isdigit():
+        raise ValueError(
+            f"tying strategy {name!r} needs the number of distinct blocks as '{name}:U' with U a positive "
+            f"integer, got {spec!r}"
+        )
+    distinct = int(argument)
+    if not 1 <= distinct <= num_blocks:
+        raise ValueError(f"{spec!r}: U = {distinct} distinct blocks must be between 1 and the {num_blocks} blocks of the model")
+    return TyingMap(_WITH_DISTINCT[name](num_blocks, distinct))
