@@ -18,6 +18,7 @@ from .models import (
     TyingMap,
     parse_strategy,
 )
+from .trainer import TyingTrainer, TyingTrainingArguments
 
 __version__ = "0.1.0"
 
@@ -40,5 +41,7 @@ __all__ = [
     "TiedGPT2Config",
     "TiedGPT2LMHeadModel",
     "TyingMap",
+    "TyingTrainer",
+    "TyingTrainingArguments",
     "parse_strategy",
 ]

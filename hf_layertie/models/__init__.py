@@ -7,7 +7,7 @@ from .modeling_tied_bert import TiedBertForMaskedLM
 from .modeling_tied_gpt2 import TiedGPT2LMHeadModel
 from .tied_blocks import ParameterCounts, RetieReport, TiedBlocksMixin
 from .tying_map import TyingMap
-from .tying_strategies import STRATEGY_NAMES, parse_strategy
+from .tying_strategies import STRATEGY_NAMES, check_strategy_spec, parse_strategy, resolve_tying_map
 
 __all__ = [
     "STRATEGY_NAMES",
@@ -19,5 +19,7 @@ __all__ = [
     "TiedGPT2Config",
     "TiedGPT2LMHeadModel",
     "TyingMap",
+    "check_strategy_spec",
     "parse_strategy",
+    "resolve_tying_map",
 ]

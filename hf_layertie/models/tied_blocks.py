@@ -28,12 +28,17 @@ from .tying_map import TyingMap
 
 @dataclass
 class RetieReport:
-    """What `TiedBlocksMixin.retie` changed: the trainer adds `added` to and drops `removed` from the optimizer."""
+    """What `TiedBlocksMixin.retie` changed: the trainer adds `added` to and drops `removed` from the optimizer.
+
+    `copied_from[new]` is the Parameter an untied block's fresh Parameter was copied from, so that
+    optimizer state and parameter groups can follow the weights.
+    """
 
     old_map: TyingMap
     new_map: TyingMap
     added: list[nn.Parameter] = field(default_factory=list)
     removed: list[nn.Parameter] = field(default_factory=list)
+    copied_from: dict[nn.Parameter, nn.Parameter] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -60,13 +65,19 @@ def _share_parameters(target: nn.Module, source: nn.Module) -> None:
             target_module._parameters[name] = parameter
 
 
-def _give_own_parameters(block: nn.Module) -> None:
-    """Replace every Parameter of `block` by a fresh copy of its current value (an untie)."""
+def _give_own_parameters(block: nn.Module) -> dict[nn.Parameter, nn.Parameter]:
+    """Replace every Parameter of `block` by a fresh copy of its current value (an untie).
+
+    Returns `{fresh: copied_from}`.
+    """
+    copied_from = {}
     for module in block.modules():
         for name, parameter in module._parameters.items():
             if parameter is not None:
-                copy = parameter.detach().clone()
-                module._parameters[name] = nn.Parameter(copy, requires_grad=parameter.requires_grad)
+                fresh = nn.Parameter(parameter.detach().clone(), requires_grad=parameter.requires_grad)
+                module._parameters[name] = fresh
+                copied_from[fresh] = parameter
+    return copied_from
 
 
 class TiedBlocksMixin:
@@ -97,9 +108,10 @@ class TiedBlocksMixin:
         old_map = self.tying_map
         new_map = TyingMap(new_map, num_blocks=len(self.tied_blocks))
         before = {id(parameter): parameter for parameter in self.parameters()}
+        copied_from = {}
         for block in new_map.independent_blocks:
             if not old_map.is_independent(block):
-                _give_own_parameters(self.tied_blocks[block])
+                copied_from.update(_give_own_parameters(self.tied_blocks[block]))
         self.config.tying_map = new_map.to_list()
         self._share_tied_blocks()
         self.all_tied_weights_keys = self.get_expanded_tied_weights_keys(all_submodels=True)
@@ -109,6 +121,7 @@ class TiedBlocksMixin:
             new_map=new_map,
             added=[parameter for key, parameter in after.items() if key not in before],
             removed=[parameter for key, parameter in before.items() if key not in after],
+            copied_from=copied_from,
         )
 
     def _share_tied_blocks(self) -> None:

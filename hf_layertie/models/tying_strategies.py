@@ -39,10 +39,10 @@ def _cycle(num_blocks: int, distinct: int) -> list[int]:
 
 
 def _cycle_rev(num_blocks: int, distinct: int) -> list[int]:
-    # Takase & Kiyono's CYCLE (REV): cycle over the first L - U positions, then the last U positions
-    # visit the distinct blocks in reverse order.
-    head = [index % distinct for index in range(num_blocks - distinct)]
-    return head + list(reversed(range(distinct)))
+    # Takase & Kiyono's CYCLE (REV), as in their code: cycle over the first max(L - U, U) positions, then
+    # the remaining positions (the last U when L >= 2U) visit the distinct blocks in reverse order.
+    head = [index % distinct for index in range(max(num_blocks - distinct, distinct))]
+    return head + list(reversed(range(distinct)))[: num_blocks - len(head)]
 
 
 def _sandwich(num_blocks: int) -> list[int]:
@@ -60,25 +60,40 @@ _WITH_DISTINCT: dict[str, Callable[[int, int], list[int]]] = {
 STRATEGY_NAMES: tuple[str, ...] = tuple(_FIXED) + tuple(f"{name}:U" for name in _WITH_DISTINCT)
 
 
-def parse_strategy(spec: str, num_blocks: int) -> TyingMap:
-    """Build the map of a static strategy from its spec string (see the module docstring)."""
+def check_strategy_spec(spec: str) -> tuple[str, int | None]:
+    """Validate a spec's syntax without knowing the model; returns `(name, U or None)`."""
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"tying strategy must be a non-empty string, one of {', '.join(STRATEGY_NAMES)}; got {spec!r}")
-    if num_blocks < 1:
-        raise ValueError(f"num_blocks must be at least 1, got {num_blocks}")
-    name, _, argument = spec.strip().partition(":")
+    name, separator, argument = spec.strip().partition(":")
     if name in _FIXED:
-        if argument:
+        if separator:
             raise ValueError(f"tying strategy {name!r} takes no ':U' argument, got {spec!r}")
-        return TyingMap(_FIXED[name](num_blocks))
+        return name, None
     if name not in _WITH_DISTINCT:
         raise ValueError(f"unknown tying strategy {name!r} in {spec!r}; expected one of {', '.join(STRATEGY_NAMES)}")
-    if not argument.isdigit():
+    if not argument.isdecimal() or int(argument) < 1:
         raise ValueError(
             f"tying strategy {name!r} needs the number of distinct blocks as '{name}:U' with U a positive "
             f"integer, got {spec!r}"
         )
-    distinct = int(argument)
-    if not 1 <= distinct <= num_blocks:
-        raise ValueError(f"{spec!r}: U = {distinct} distinct blocks must be between 1 and the {num_blocks} blocks of the model")
+    return name, int(argument)
+
+
+def parse_strategy(spec: str, num_blocks: int) -> TyingMap:
+    """Build the map of a static strategy from its spec string (see the module docstring)."""
+    name, distinct = check_strategy_spec(spec)
+    if num_blocks < 1:
+        raise ValueError(f"num_blocks must be at least 1, got {num_blocks}")
+    if distinct is None:
+        return TyingMap(_FIXED[name](num_blocks))
+    if distinct > num_blocks:
+        raise ValueError(f"{spec!r}: U = {distinct} distinct blocks exceeds the {num_blocks} blocks of the model")
     return TyingMap(_WITH_DISTINCT[name](num_blocks, distinct))
+
+
+def resolve_tying_map(text: str, num_blocks: int) -> TyingMap:
+    """A map from either a strategy spec (`"cycle:4"`) or explicit entries (`"0 0 2 2"` or `"0,0,2,2"`)."""
+    entries = text.replace(",", " ").split()
+    if entries and all(entry.lstrip("-").isdecimal() for entry in entries):
+        return TyingMap([int(entry) for entry in entries], num_blocks=num_blocks)
+    return parse_strategy(text, num_blocks)

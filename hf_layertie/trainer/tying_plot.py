@@ -1,0 +1,57 @@
+"""The picture of a tying run: which block every block used, over training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on training machines
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.colors import ListedColormap  # noqa: E402
+
+
+def plot_tying_history(records: list[dict], path: str | Path, final_step: int | None = None) -> Path:
+    """Draw blocks (rows) x training steps (columns), each cell coloured by the block whose weights it used.
+
+    Args:
+        records: decisions in order, each with `step` (optimizer step the map took effect) and `map`
+            (list of source blocks). The map of a record holds until the next record's step.
+        path: the PNG to write.
+        final_step: the last step of training, so the last map gets its width (defaults to the last record's step + 1).
+
+    A second panel shows the number of distinct (trainable) blocks, the memory that tying saves.
+    """
+    if not records:
+        raise ValueError("plot_tying_history needs at least one record with 'step' and 'map'")
+    steps = [int(record["step"]) for record in records]
+    maps = np.array([record["map"] for record in records], dtype=int)
+    end = max(final_step if final_step is not None else steps[-1] + 1, steps[-1] + 1)
+    edges = np.array(steps + [end])
+    num_blocks = maps.shape[1]
+
+    colours = plt.get_cmap("tab20" if num_blocks > 10 else "tab10")
+    cmap = ListedColormap([colours(index % colours.N) for index in range(num_blocks)])
+    figure, (map_axis, count_axis) = plt.subplots(
+        2, 1, figsize=(10, 2.0 + 0.35 * num_blocks), sharex=True, gridspec_kw={"height_ratios": [4, 1]}
+    )
+    mesh = map_axis.pcolormesh(edges, np.arange(num_blocks + 1), maps.T, cmap=cmap, vmin=-0.5, vmax=num_blocks - 0.5)
+    map_axis.set_ylabel("block")
+    map_axis.set_yticks(np.arange(num_blocks) + 0.5, [str(block) for block in range(num_blocks)])
+    map_axis.invert_yaxis()
+    map_axis.set_title("Tying map over training (colour = block whose weights are used)")
+    colourbar = figure.colorbar(mesh, ax=[map_axis, count_axis], ticks=range(num_blocks), fraction=0.03)
+    colourbar.set_label("source block")
+
+    distinct = [len(set(row)) for row in maps.tolist()]
+    count_axis.step(edges, distinct + [distinct[-1]], where="post")
+    count_axis.set_ylim(0, num_blocks + 0.5)
+    count_axis.set_ylabel("distinct")
+    count_axis.set_xlabel("optimizer step")
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    return path

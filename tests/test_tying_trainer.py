@@ -1,0 +1,211 @@
+"""TyingTrainer: decisions inside training_step, optimizer in step with the model, resume, logging, errors."""
+
+import json
+
+import datasets
+import matplotlib.pyplot as plt
+import pytest
+import torch
+from conftest import make_tiny_gpt2_config
+from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
+
+from hf_layertie import TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
+from hf_layertie.trainer import TYING_HISTORY_NAME, TYING_PLOT_NAME, TYING_STATE_NAME
+
+
+def tiny_model(num_blocks=4, seed=0):
+    torch.manual_seed(seed)
+    return TiedGPT2LMHeadModel(make_tiny_gpt2_config(num_blocks=num_blocks, n_embd=32))
+
+
+def token_dataset(rows=64, length=16, seed=1):
+    ids = torch.randint(0, 100, (rows, length), generator=torch.Generator().manual_seed(seed)).tolist()
+    return datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
+
+
+def tying_args(output_dir, **overrides):
+    settings = dict(
+        output_dir=str(output_dir),
+        max_steps=24,
+        tying_interval=2,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=4,
+        seed=0,
+    )
+    return TyingTrainingArguments(**{**settings, **overrides})
+
+
+def make_trainer(output_dir, model=None, callbacks=(), **overrides):
+    data = token_dataset()
+    return TyingTrainer(
+        model=model if model is not None else tiny_model(),
+        args=tying_args(output_dir, **overrides),
+        train_dataset=data,
+        eval_dataset=data.select(range(8)),
+        callbacks=list(callbacks),
+    )
+
+
+def torch_optimizer(trainer):
+    return getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+
+
+class OptimizerMatchesModel(TrainerCallback):
+    """Before every optimizer step (so after every re-tie): groups hold exactly the distinct trainable
+    Parameters and no state is left for a vanished one; after it: every Parameter has state."""
+
+    def __init__(self):
+        self.trainer = None
+        self.checked_steps = 0
+
+    def _distinct_trainable(self):
+        return {id(parameter) for parameter in self.trainer.model.parameters() if parameter.requires_grad}
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        optimizer = torch_optimizer(self.trainer)
+        in_groups = [id(parameter) for group in optimizer.param_groups for parameter in group["params"]]
+        assert len(in_groups) == len(set(in_groups)), "a Parameter appears twice in the optimizer"
+        assert set(in_groups) == self._distinct_trainable(), f"optimizer groups differ from the model at step {state.global_step}"
+        assert {id(parameter) for parameter in optimizer.state} <= set(in_groups), "state left for a vanished Parameter"
+
+    def on_step_end(self, args, state, control, **kwargs):
+        optimizer = torch_optimizer(self.trainer)
+        assert {id(parameter) for parameter in optimizer.state} == self._distinct_trainable()
+        self.checked_steps += 1
+
+
+def test_dlt_run_makes_many_decisions_and_keeps_the_optimizer_in_step(tmp_path):
+    check = OptimizerMatchesModel()
+    trainer = make_trainer(tmp_path, callbacks=[check])
+    check.trainer = trainer
+    trainer.train()
+
+    records = trainer.tying_records
+    assert [record["step"] for record in records] == list(range(0, 24, 2))
+    maps = [tuple(record["map"]) for record in records]
+    assert len(set(maps)) > 2, "the map should change during a DLT run"
+    assert check.checked_steps == 24
+    assert all("reward" in record and "q_loss" in record for record in records[1:])
+
+
+def test_decisions_happen_once_per_optimizer_step_with_gradient_accumulation(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=6, tying_interval=1, gradient_accumulation_steps=3)
+    trainer.train()
+    assert [record["step"] for record in trainer.tying_records] == list(range(6))
+
+
+def test_untied_block_gets_fresh_parameters_that_train(tmp_path):
+    model = tiny_model()
+    shared_before = model.transformer.h[0].mlp.c_fc.weight.detach().clone()
+    # One decision at step 0 on an all-tied model; agent seed 3 makes it an untie of block 1.
+    trainer = make_trainer(
+        tmp_path, model=model, tying_strategy="random", tying_initial_map="all", tying_interval=100, max_steps=5, agent_seed=3
+    )
+    trainer.train()
+    assert trainer.tying_records[0]["map"] == [0, 1, 0, 0]
+
+    untied = dict(model.transformer.h[1].named_parameters())
+    for index in (0, 2, 3):
+        for name, parameter in model.transformer.h[index].named_parameters():
+            assert parameter is not untied[name]
+            assert parameter.data_ptr() != untied[name].data_ptr()
+    # It started as a copy of the shared weights (step 0, before any update) and trained on its own since.
+    assert not torch.equal(untied["mlp.c_fc.weight"], shared_before)
+    assert not torch.equal(untied["mlp.c_fc.weight"], model.transformer.h[0].mlp.c_fc.weight)
+    optimizer = torch_optimizer(trainer)
+    assert all(parameter in optimizer.state for parameter in untied.values())
+
+
+@pytest.mark.parametrize(
+    "strategy, expected_map",
+    [("static:cycle:2", [0, 1, 0, 1]), ("static:all", [0, 0, 0, 0]), ("none", [0, 1, 2, 3]), ("random", None)],
+)
+def test_every_strategy_runs_through_the_same_trainer(tmp_path, strategy, expected_map):
+    trainer = make_trainer(tmp_path, tying_strategy=strategy, max_steps=6)
+    result = trainer.train()
+    assert result.global_step == 6
+    if expected_map is not None:
+        assert trainer.model.tying_map.to_list() == expected_map
+    if strategy == "random":
+        assert all(record["explored"] for record in trainer.tying_records if "explored" in record)
+
+
+def test_decisions_are_logged_to_log_history_jsonl_and_a_plot(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=8)
+    trainer.train()
+    trainer.save_model()
+
+    logged = [entry for entry in trainer.state.log_history if "tying/map" in entry]
+    assert len(logged) == 4
+    assert {"tying/distinct_blocks", "tying/trainable_parameters", "tying/epsilon"} <= set(logged[0])
+    assert {"tying/reward", "tying/q_loss", "tying/held_out_loss"} <= set(logged[1])
+    lines = (tmp_path / TYING_HISTORY_NAME).read_text().splitlines()
+    assert [json.loads(line)["map"] for line in lines] == [record["map"] for record in trainer.tying_records]
+    image = plt.imread(tmp_path / TYING_PLOT_NAME)
+    assert image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_resume_from_checkpoint_equals_the_uninterrupted_run(tmp_path):
+    overrides = dict(max_steps=20, save_strategy="steps", save_steps=10)
+    uninterrupted = make_trainer(tmp_path / "full", **overrides)
+    uninterrupted.train()
+    checkpoint = tmp_path / "full" / "checkpoint-10"
+    assert (checkpoint / TYING_STATE_NAME).is_file()
+
+    resumed = make_trainer(tmp_path / "resumed", **overrides)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+
+    assert resumed.model.tying_map == uninterrupted.model.tying_map
+    assert [record["map"] for record in resumed.tying_records] == [record["map"] for record in uninterrupted.tying_records]
+    final, expected = resumed.model.state_dict(), uninterrupted.model.state_dict()
+    for name in expected:
+        torch.testing.assert_close(final[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert resumed.agent.state_dict()["epsilon"] == uninterrupted.agent.state_dict()["epsilon"]
+
+
+def test_tying_strategy_on_a_model_without_tied_blocks_is_rejected(tmp_path):
+    plain = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=100, n_positions=32))
+    with pytest.raises(ValueError, match="tying_strategy='dlt' needs a model with tied blocks"):
+        make_trainer(tmp_path, model=plain)
+    make_trainer(tmp_path, model=plain, tying_strategy="none")  # conventional training is fine
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(tying_strategy="static:cycle:9"), "cycle:9.*exceeds the 4 blocks"),
+        (dict(tying_initial_map="0 0 1"), "tying_initial_map='0 0 1' does not fit the model.*3 entries"),
+        (dict(tying_initial_map="0 2 0 0"), r"tying_initial_map.*tying_map\[1\] = 2 is a forward reference"),
+    ],
+)
+def test_maps_that_do_not_fit_the_model_are_rejected_at_construction(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make_trainer(tmp_path, **overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(tying_interval=0), "tying_interval=0"),
+        (dict(epsilon_start=1.5), "epsilon_start=1.5"),
+        (dict(epsilon_decay=0.0), "epsilon_decay=0.0"),
+        (dict(q_gamma=-0.1), "q_gamma=-0.1"),
+        (dict(tying_strategy="static"), "needs a map spec"),
+        (dict(tying_strategy="static:bogus"), "unknown tying strategy 'bogus'"),
+        (dict(tying_strategy="learned"), "tying_strategy='learned'"),
+        (dict(tying_strategy="none", tying_initial_map="all"), "tying_initial_map is only used"),
+    ],
+)
+def test_invalid_arguments_fail_at_construction_naming_the_argument(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tying_args(tmp_path, **overrides)
+
+
+def test_dlt_without_held_out_data_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="needs held-out data for its reward"):
+        TyingTrainer(model=tiny_model(), args=tying_args(tmp_path), train_dataset=token_dataset())
