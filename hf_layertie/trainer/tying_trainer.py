@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..dlt import AgentConfig, TyingAgent, TyingReward
+from ..model_card import write_model_card
 from ..models.tied_blocks import RetieReport, TiedBlocksMixin
 from ..models.tying_map import TyingMap
 from ..models.tying_strategies import parse_strategy, resolve_tying_map
@@ -52,14 +54,25 @@ class TyingTrainer(Trainer):
         args: `TyingTrainingArguments`.
         reward_dataset: held-out examples for the reward (its first `reward_batch_size` examples form one
             fixed batch). Defaults to `eval_dataset`. Never pass the test split. Required for `dlt`.
+        model_card_kwargs: extra keyword arguments of `hf_layertie.model_card.build_model_card`
+            (`dataset_names`, `base_model`, ...) for the card written with every saved model.
         **kwargs: everything `Trainer` accepts.
     """
 
-    def __init__(self, model=None, args: TyingTrainingArguments | None = None, reward_dataset=None, **kwargs):
+    def __init__(
+        self,
+        model=None,
+        args: TyingTrainingArguments | None = None,
+        reward_dataset=None,
+        model_card_kwargs: dict | None = None,
+        **kwargs,
+    ):
         if not isinstance(args, TyingTrainingArguments):
             raise TypeError(f"TyingTrainer needs args of type TyingTrainingArguments, got {type(args).__name__}")
         super().__init__(model=model, args=args, **kwargs)
+        self.model_card_kwargs = dict(model_card_kwargs or {})
         self.tying_records: list[dict] = []
+        self.tying_seconds = 0.0  # wall time spent deciding, measuring rewards and re-tying (the agent's overhead)
         self.agent: TyingAgent | None = None
         self._last_decision_step: int | None = None
         self._reward_examples = None
@@ -152,6 +165,7 @@ class TyingTrainer(Trainer):
         return step % self.args.tying_interval == 0 and step != self._last_decision_step
 
     def _decide_and_retie(self) -> None:
+        started = time.perf_counter()
         self._last_decision_step = self.state.global_step
         record = self._decide() if self.is_world_process_zero() else None
         if self.args.world_size > 1:
@@ -159,6 +173,7 @@ class TyingTrainer(Trainer):
         report = self.model.retie(record["map"])
         self._follow_retie(report)
         record.update(self._map_fields())
+        self.tying_seconds += time.perf_counter() - started
         self._record(record)
 
     def _decide(self) -> dict:
@@ -282,10 +297,41 @@ class TyingTrainer(Trainer):
         super()._issue_warnings_after_load(load_result)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the model, then its tying plot and model card beside it."""
         super().save_model(output_dir, _internal_call)
-        if self.args.tying_mode != "none" and self.args.should_save and self.args.tying_plot and self.tying_records:
-            output_dir = output_dir if output_dir is not None else self.args.output_dir
-            plot_tying_history(self.tying_records, Path(output_dir) / TYING_PLOT_NAME, final_step=self.state.global_step)
+        if self.args.should_save and isinstance(self.model, TiedBlocksMixin):
+            self._write_plot_and_card(Path(output_dir if output_dir is not None else self.args.output_dir))
+
+    def create_model_card(self, model_name: str | None = None, eval_results: dict | None = None, **kwargs) -> None:
+        """Write the hf-layertie card (map, distinct blocks, parameters, results, plot, loading code) as README.md.
+
+        Called by `Trainer.push_to_hub`; `eval_results` defaults to the last evaluation in the log history.
+        """
+        if not isinstance(self.model, TiedBlocksMixin):
+            return super().create_model_card(model_name=model_name, **kwargs)
+        if self.is_world_process_zero():
+            self._write_plot_and_card(Path(self.args.output_dir), model_name=model_name, eval_results=eval_results)
+
+    def _write_plot_and_card(self, output_dir: Path, model_name: str | None = None, eval_results: dict | None = None):
+        plot = None
+        if self.args.tying_plot and self.tying_records:
+            plot = plot_tying_history(self.tying_records, output_dir / TYING_PLOT_NAME, final_step=self.state.global_step)
+        write_model_card(
+            self.model,
+            output_dir,
+            training_args=self.args,
+            eval_results=eval_results if eval_results is not None else self._last_eval_metrics(),
+            tying_plot=plot,
+            model_name=model_name or self.args.hub_model_id or output_dir.name,
+            **self.model_card_kwargs,
+        )
+
+    def _last_eval_metrics(self) -> dict:
+        evaluations = [entry for entry in self.state.log_history if "eval_loss" in entry]
+        if not evaluations:
+            return {}
+        loss = evaluations[-1]["eval_loss"]
+        return {"eval_loss": loss, "perplexity": math.exp(min(loss, 700.0))}
 
 
 def _checkpoint_map(checkpoint: str, num_blocks: int) -> TyingMap:
