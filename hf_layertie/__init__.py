@@ -18,6 +18,7 @@ from .models import (
     TyingMap,
     parse_strategy,
 )
+from .model_card import build_model_card, write_model_card
 from .trainer import TyingTrainer, TyingTrainingArguments
 
 __version__ = "0.1.0"
@@ -43,5 +44,7 @@ __all__ = [
     "TyingMap",
     "TyingTrainer",
     "TyingTrainingArguments",
+    "build_model_card",
     "parse_strategy",
+    "write_model_card",
 ]

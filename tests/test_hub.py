@@ -1,0 +1,254 @@
+"""Tied checkpoints on the Hub, without network: push and pull through the real client, and cached loads by repo id.
+
+huggingface_hub reads `HF_ENDPOINT`, `HF_HUB_OFFLINE` and `HF_HUB_CACHE` when it is imported, so every client
+runs in a subprocess with its own environment. Loads "without the package" run in a process where importing
+hf_layertie raises, so the checkpoint can only have used the code stored next to it.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_tiny_bert_config, make_tiny_gpt2_config
+from hub_server import HubServer, hub_server  # noqa: F401  (the fixture)
+from safetensors.torch import load_file, save_file
+
+from hf_layertie import TiedBertForMaskedLM, TiedGPT2LMHeadModel
+from hf_layertie.model_card import write_model_card
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+INPUT_IDS = torch.tensor([[5, 17, 42, 8, 99, 3, 61, 27]])
+
+REFUSE_HF_LAYERTIE = """
+import sys
+
+class RefuseHfLayertie:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "hf_layertie":
+            raise ImportError(f"{name} must not be needed to load a saved checkpoint")
+
+sys.meta_path.insert(0, RefuseHfLayertie())
+"""
+
+# Loads a model by repo id, saves its logits on `inputs.safetensors` and reports which code it ran and which
+# blocks hold the very same Parameter objects (entry i = first block sharing all of block i's Parameters).
+LOAD_AND_REPORT = """
+import json
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+workdir = Path(sys.argv[1])
+
+
+def load_and_report(name, auto_class, repo_id, blocks_path, **kwargs):
+    model = getattr(transformers, auto_class).from_pretrained(repo_id, **kwargs).eval()
+    blocks = [tuple(map(id, block.parameters())) for block in model.get_submodule(blocks_path)]
+    with torch.no_grad():
+        logits = model(load_file(workdir / "inputs.safetensors")["input_ids"]).logits
+    save_file({"logits": logits.contiguous()}, workdir / f"{name}.safetensors")
+    report = {"module": type(model).__module__, "tying_map": [blocks.index(ids) for ids in blocks]}
+    (workdir / f"{name}.json").write_text(json.dumps(report))
+"""
+
+PUSH = """
+import sys
+from pathlib import Path
+
+import hf_layertie  # noqa: F401
+from huggingface_hub import ModelCard
+from transformers import AutoModelForCausalLM
+
+checkpoint, repo_id = Path(sys.argv[1]), sys.argv[2]
+AutoModelForCausalLM.from_pretrained(checkpoint).push_to_hub(repo_id)
+ModelCard.load(checkpoint / "README.md").push_to_hub(repo_id)
+"""
+
+PULL_WITHOUT_PACKAGE = (
+    REFUSE_HF_LAYERTIE
+    + LOAD_AND_REPORT
+    + """
+import shutil
+
+from huggingface_hub import hf_hub_download
+
+repo_id = sys.argv[2]
+load_and_report("pulled", "AutoModelForCausalLM", repo_id, "transformer.h", trust_remote_code=True)
+for filename in ("README.md", "config.json"):
+    shutil.copyfile(hf_hub_download(repo_id, filename), workdir / f"pulled_{filename}")
+"""
+)
+
+# First without the package (the meta path hook refuses it), then with it, in the same process.
+LOAD_CACHED = (
+    REFUSE_HF_LAYERTIE
+    + LOAD_AND_REPORT
+    + """
+checkpoints = json.loads(sys.argv[2])
+for repo_id, (auto_class, blocks_path) in checkpoints.items():
+    name = repo_id.replace("/", "--")
+    load_and_report(f"{name}-remote-code", auto_class, repo_id, blocks_path, trust_remote_code=True)
+assert not any(module.split(".")[0] == "hf_layertie" for module in sys.modules)
+
+sys.meta_path.pop(0)
+import hf_layertie  # noqa: E402,F401
+
+for repo_id, (auto_class, blocks_path) in checkpoints.items():
+    name = repo_id.replace("/", "--")
+    load_and_report(f"{name}-package", auto_class, repo_id, blocks_path)
+"""
+)
+
+
+def run_python(code: str, *args, env: dict[str, str], cwd: Path) -> None:
+    env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))}
+    result = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, f"subprocess failed with exit code {result.returncode}:\n{result.stderr[-5000:]}"
+
+
+def logits_of(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model.eval()(INPUT_IDS).logits
+
+
+def assert_loaded_like(workdir: Path, name: str, model, module_prefix: str) -> None:
+    report = json.loads((workdir / f"{name}.json").read_text())
+    assert report["module"].startswith(module_prefix), report["module"]
+    assert report["tying_map"] == model.tying_map.to_list()
+    torch.testing.assert_close(load_file(workdir / f"{name}.safetensors")["logits"], logits_of(model), rtol=0, atol=0)
+
+
+def lay_out_hub_cache(checkpoint: Path, cache: Path, repo_id: str, revision: str) -> None:
+    """The layout `hf_hub_download` writes: `models--org--name/refs/main` names a snapshot holding the files."""
+    repo_folder = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo_folder / "refs").mkdir(parents=True)
+    (repo_folder / "refs" / "main").write_text(revision)
+    shutil.copytree(checkpoint, repo_folder / "snapshots" / revision)
+
+
+HUB_CLIENT_CHECKS = """
+import json
+import sys
+from pathlib import Path
+
+from huggingface_hub import HfApi, ModelCard, hf_hub_download, snapshot_download
+from huggingface_hub.errors import (
+    HfHubHTTPError, RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
+)
+
+folder, report = Path(sys.argv[1]), {}
+api = HfApi()
+api.create_repo("org/files")
+api.create_repo("org/files", exist_ok=True)
+try:
+    api.create_repo("org/files")
+except HfHubHTTPError as error:
+    report["create_twice"] = error.response.status_code
+first = api.upload_folder(repo_id="org/files", folder_path=folder).oid
+second = api.upload_file(path_or_fileobj=b"second", path_in_repo="a.txt", repo_id="org/files").oid
+report["files"] = api.list_repo_files("org/files")
+report["head_is_second_commit"] = api.model_info("org/files").sha == second
+report["a_now"] = Path(hf_hub_download("org/files", "a.txt")).read_text()
+report["a_first"] = Path(hf_hub_download("org/files", "a.txt", revision=first)).read_text()
+snapshot = Path(snapshot_download("org/files"))
+report["snapshot"] = sorted(str(path.relative_to(snapshot)) for path in snapshot.rglob("*") if path.is_file())
+report["top_level"] = [(type(entry).__name__, entry.path) for entry in api.list_repo_tree("org/files")]
+report["in_sub"] = [entry.path for entry in api.list_repo_tree("org/files", path_in_repo="sub")]
+try:
+    api.upload_file(path_or_fileobj=b"late", path_in_repo="a.txt", repo_id="org/files", parent_commit=first)
+except HfHubHTTPError as error:
+    report["stale_parent"] = error.response.status_code
+api.delete_file("a.txt", repo_id="org/files")
+api.delete_folder("sub", repo_id="org/files")
+report["after_deletes"] = api.list_repo_files("org/files")
+for name, call in {
+    "missing_repo": lambda: hf_hub_download("org/missing", "a.txt"),
+    "missing_file": lambda: hf_hub_download("org/files", "missing.txt"),
+    "missing_revision": lambda: hf_hub_download("org/files", "a.txt", revision="no-such-branch"),
+    "bad_card": lambda: ModelCard("---\\nmodel-index: 3\\n---\\n# Card").validate(),
+}.items():
+    try:
+        call()
+    except (RepositoryNotFoundError, RemoteEntryNotFoundError, RevisionNotFoundError, ValueError) as error:
+        report[name] = type(error).__name__
+(folder.parent / "report.json").write_text(json.dumps(report))
+"""
+
+
+def test_the_test_hub_serves_the_real_client(hub_server: HubServer, tmp_path):  # noqa: F811
+    folder = tmp_path / "folder"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.txt").write_text("first")
+    (folder / "sub" / "b.bin").write_bytes(bytes(range(256)))
+
+    run_python(HUB_CLIENT_CHECKS, folder, env=hub_server.client_env(tmp_path / "home"), cwd=tmp_path)
+
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["create_twice"] == 409
+    assert sorted(report["files"]) == ["a.txt", "sub/b.bin"]
+    assert report["head_is_second_commit"]
+    assert (report["a_now"], report["a_first"]) == ("second", "first")
+    assert report["snapshot"] == ["a.txt", "sub/b.bin"]
+    assert report["top_level"] == [["RepoFile", "a.txt"], ["RepoFolder", "sub"]]
+    assert report["in_sub"] == ["sub/b.bin"]
+    assert report["stale_parent"] == 412
+    assert report["after_deletes"] == []
+    assert report["missing_repo"] == "RepositoryNotFoundError"
+    assert report["missing_file"] == "RemoteEntryNotFoundError"
+    assert report["missing_revision"] == "RevisionNotFoundError"
+    assert report["bad_card"] == "ValueError"
+    assert hub_server.unhandled == []
+
+
+@pytest.mark.slow
+def test_push_to_hub_then_load_by_repo_id_without_the_package(hub_server: HubServer, tmp_path):  # noqa: F811
+    repo_id = "org/tiny-tied"
+    model = TiedGPT2LMHeadModel(make_tiny_gpt2_config([0, 0, 2, 0, 2]))
+    checkpoint = tmp_path / "checkpoint"
+    model.save_pretrained(checkpoint)
+    card_path = write_model_card(model, checkpoint, dataset_names=["wikitext"], model_name=repo_id)
+    save_file({"input_ids": INPUT_IDS}, tmp_path / "inputs.safetensors")
+
+    run_python(PUSH, checkpoint, repo_id, env=hub_server.client_env(tmp_path / "pusher"), cwd=tmp_path)
+    run_python(PULL_WITHOUT_PACKAGE, tmp_path, repo_id, env=hub_server.client_env(tmp_path / "puller"), cwd=tmp_path)
+
+    assert_loaded_like(tmp_path, "pulled", model, module_prefix="transformers_modules.org.")
+    assert (tmp_path / "pulled_README.md").read_text() == card_path.read_text()
+    assert json.loads((tmp_path / "pulled_config.json").read_text())["auto_map"] == {
+        "AutoConfig": "configuration_tied_gpt2.TiedGPT2Config",
+        "AutoModelForCausalLM": "modeling_tied_gpt2.TiedGPT2LMHeadModel",
+    }
+    assert hub_server.unhandled == []
+
+
+@pytest.mark.slow
+def test_a_hand_made_cache_loads_by_repo_id_offline_with_and_without_the_package(tmp_path):
+    models = {
+        "org/tied-gpt2": (TiedGPT2LMHeadModel(make_tiny_gpt2_config([0, 0, 2, 0])), "AutoModelForCausalLM"),
+        "org/tied-bert": (TiedBertForMaskedLM(make_tiny_bert_config([0, 1, 1, 0])), "AutoModelForMaskedLM"),
+    }
+    cache = tmp_path / "hub-cache"
+    for index, (repo_id, (model, _)) in enumerate(models.items()):
+        checkpoint = tmp_path / repo_id
+        model.save_pretrained(checkpoint)
+        lay_out_hub_cache(checkpoint, cache, repo_id, revision=f"{index:040x}")
+    save_file({"input_ids": INPUT_IDS}, tmp_path / "inputs.safetensors")
+    checkpoints = {repo_id: (auto_class, model.tied_blocks_path) for repo_id, (model, auto_class) in models.items()}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "home"), "HF_HUB_CACHE": str(cache)}
+
+    run_python(LOAD_CACHED, tmp_path, json.dumps(checkpoints), env=env, cwd=tmp_path)
+
+    for repo_id, (model, _) in models.items():
+        name = repo_id.replace("/", "--")
+        assert_loaded_like(tmp_path, f"{name}-remote-code", model, module_prefix="transformers_modules.")
+        assert_loaded_like(tmp_path, f"{name}-package", model, module_prefix="hf_layertie.")

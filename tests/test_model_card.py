@@ -1,0 +1,200 @@
+"""Model cards: valid Hub metadata, and text that states the actual model's map, size and results."""
+
+import re
+from dataclasses import dataclass
+
+import pytest
+import torch
+from conftest import make_tiny_bert_config, make_tiny_gpt2_config, raw_tying_maps
+from hypothesis import given, settings
+from huggingface_hub import ModelCard
+from transformers import GPT2LMHeadModel, TrainingArguments
+
+from hf_layertie import TiedBertForMaskedLM, TiedGPT2LMHeadModel
+from hf_layertie.model_card import TAGS, build_model_card, write_model_card
+
+MODELS = {
+    "gpt2": (TiedGPT2LMHeadModel, make_tiny_gpt2_config, "text-generation", "AutoModelForCausalLM"),
+    "bert": (TiedBertForMaskedLM, make_tiny_bert_config, "fill-mask", "AutoModelForMaskedLM"),
+}
+
+
+def make_model(kind: str, tying_map=None, num_blocks=None):
+    model_class, make_config, _, _ = MODELS[kind]
+    return model_class(make_config(tying_map, num_blocks=num_blocks)).eval()
+
+
+def code_blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+@settings(max_examples=15, deadline=None)
+@given(tying_map=raw_tying_maps(min_blocks=2, max_blocks=6))
+def test_card_states_the_map_distinct_blocks_and_parameter_counts_of_the_model(kind, tying_map, tmp_path_factory):
+    model = make_model(kind, tying_map)
+    untied = make_model(kind, num_blocks=len(tying_map))
+    path = write_model_card(model, tmp_path_factory.mktemp("card"), model_name="org/tiny")
+
+    card = ModelCard.load(path)
+    counts = model.parameter_counts()
+    assert card.data.library_name == "transformers"
+    assert card.data.pipeline_tag == MODELS[kind][2]
+    assert set(TAGS) <= set(card.data.tags)
+    assert f"`{model.tying_map.render()}`" in card.text
+    assert f"{model.tying_map.num_distinct} distinct blocks out of {len(tying_map)}" in card.text
+    for source, blocks in model.tying_map.groups().items():
+        assert f"| {source} | {', '.join(map(str, blocks))} |" in card.text
+    assert f"| Total | {counts.total:,} |" in card.text
+    assert f"| Trainable | {counts.trainable:,} |" in card.text
+    assert f"| Same architecture without tying | {untied.parameter_counts().total:,} |" in card.text
+
+
+def test_metadata_has_base_model_datasets_and_eval_results_in_the_model_index(tmp_path):
+    eval_results = {"eval_loss": 3.25, "perplexity": 25.79, "eval_runtime": 1.5, "eval_samples_per_second": 80.0}
+    path = write_model_card(
+        make_model("gpt2", [0, 0, 2, 0]),
+        tmp_path,
+        eval_results=eval_results,
+        dataset_names=["Salesforce/wikitext"],
+        base_model="openai-community/gpt2",
+        model_name="org/tiny-tied",
+    )
+
+    data = ModelCard.load(path).data
+    assert data.base_model == "openai-community/gpt2"
+    assert data.datasets == ["Salesforce/wikitext"]
+    assert data.model_name == "org/tiny-tied"
+    assert {(result.dataset_type, result.metric_name, result.metric_value) for result in data.eval_results} == {
+        ("Salesforce/wikitext", "eval_loss", 3.25),
+        ("Salesforce/wikitext", "perplexity", 25.79),
+    }
+    assert data.metrics == ["loss", "perplexity"]
+
+
+def test_eval_results_per_dataset_appear_in_the_table_and_runtime_keys_do_not(tmp_path):
+    eval_results = {"lambada": {"accuracy": 0.3125, "perplexity": 41.5}, "wikitext": {"eval_loss": 3.5, "epoch": 2.0}}
+    card = ModelCard.load(write_model_card(make_model("gpt2", [0, 0, 0, 3]), tmp_path, eval_results=eval_results))
+
+    assert "| lambada | accuracy | 0.3125 |" in card.text
+    assert "| lambada | perplexity | 41.5 |" in card.text
+    assert "| wikitext | eval_loss | 3.5 |" in card.text
+    assert "epoch" not in card.text
+    assert len(card.data.eval_results) == 3
+
+
+def test_a_card_without_base_model_eval_results_or_training_arguments_says_so(tmp_path):
+    card = ModelCard.load(write_model_card(make_model("bert", [0, 1, 1]), tmp_path))
+
+    assert set(card.data.to_dict()) == {"library_name", "pipeline_tag", "tags"}
+    assert "trained from scratch" in card.text
+    assert "## Evaluation results" not in card.text
+    assert "## Training hyper-parameters" not in card.text
+
+
+@dataclass
+class ArgumentsWithTyingFields(TrainingArguments):
+    """Stands for the trainer's own arguments: any field named tying_*, q_*, epsilon_* or reward_* is listed."""
+
+    tying_interval: int = 15
+    q_gamma: float = 0.99
+    epsilon_decay: float = 0.95
+    reward_block_cost: float = 0.01
+    unrelated_knob: int = 7
+
+
+def test_training_arguments_list_the_hyperparameters_and_every_tying_field(tmp_path):
+    arguments = ArgumentsWithTyingFields(
+        output_dir=str(tmp_path / "run"), learning_rate=3e-4, per_device_train_batch_size=4, max_steps=120, seed=7
+    )
+    card = build_model_card(make_model("gpt2", [0, 0, 2, 2]), training_args=arguments)
+
+    for line in (
+        "- learning_rate: 0.0003",
+        "- per_device_train_batch_size: 4",
+        "- max_steps: 120",
+        "- seed: 7",
+        "- tying_interval: 15",
+        "- q_gamma: 0.99",
+        "- epsilon_decay: 0.95",
+        "- reward_block_cost: 0.01",
+    ):
+        assert line in card.text
+    assert "num_train_epochs" not in card.text
+    assert "unrelated_knob" not in card.text
+
+
+def test_epochs_are_listed_when_training_is_not_bounded_by_steps(tmp_path):
+    arguments = TrainingArguments(output_dir=str(tmp_path / "run"), num_train_epochs=2.0)
+    card = build_model_card(make_model("gpt2"), training_args=arguments)
+
+    assert "- num_train_epochs: 2.0" in card.text
+    assert "max_steps" not in card.text
+
+
+def test_citations_cover_the_method_and_the_named_datasets():
+    datasets = ["wikitext-2", "EleutherAI/lambada_openai", "shakespeare"]
+    card = build_model_card(make_model("gpt2"), dataset_names=datasets)
+
+    assert "Dynamic Layer Tying for Parameter-Efficient Transformers" in card.text
+    assert "2401.12819" in card.text
+    assert "Pointer Sentinel Mixture Models" in card.text
+    assert "The {LAMBADA} dataset" in card.text
+    assert "public domain texts from Project Gutenberg" in card.text
+    assert "Pointer Sentinel" not in str(build_model_card(make_model("gpt2"), dataset_names=["lambada"]))
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_the_loading_code_in_the_card_loads_the_checkpoint_with_and_without_the_package(kind, tmp_path):
+    model = make_model(kind, [0, 0, 2, 0])
+    checkpoint = tmp_path / "checkpoint"
+    model.save_pretrained(checkpoint)
+    card = build_model_card(model, model_name=str(checkpoint))
+    with_package, without_package = code_blocks(card.text, "python")
+    input_ids = torch.tensor([[5, 17, 42, 8, 99, 3]])
+
+    assert "import hf_layertie" in with_package and "trust_remote_code=True" not in with_package
+    assert "import hf_layertie" not in without_package and "trust_remote_code=True" in without_package
+    for snippet in (with_package, without_package):
+        namespace = {}
+        exec(snippet.replace("print(model.tying_map)", ""), namespace)
+        loaded = namespace["model"].eval()
+        assert type(loaded).__name__ == type(model).__name__
+        assert MODELS[kind][3] in snippet
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(input_ids).logits, model(input_ids).logits, rtol=0, atol=0)
+
+
+def test_the_tying_plot_is_linked_relative_to_the_card_and_copied_beside_it(tmp_path):
+    plot = tmp_path / "logs" / "tying_map.png"
+    plot.parent.mkdir()
+    plot.write_bytes(b"\x89PNG not really")
+    output_dir = tmp_path / "model"
+
+    card = ModelCard.load(write_model_card(make_model("gpt2"), output_dir, tying_plot=plot))
+
+    assert "](tying_map.png)" in card.text
+    assert (output_dir / "tying_map.png").read_bytes() == plot.read_bytes()
+    with pytest.raises(FileNotFoundError, match="missing.png"):
+        write_model_card(make_model("gpt2"), tmp_path / "other", tying_plot=tmp_path / "missing.png")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"eval_results": {"accuracy": "high"}}, r"eval_results\['accuracy'\] = 'high' is not a number"),
+        ({"eval_results": {"lambada": {"accuracy": None}}}, r"eval_results\['lambada'\]\['accuracy'\] = None"),
+        ({"eval_results": [0.5]}, "eval_results must be a dict"),
+        ({"dataset_names": "wikitext"}, "dataset_names must be a list"),
+    ],
+)
+def test_bad_arguments_are_named_in_the_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        build_model_card(make_model("gpt2"), **kwargs)
+
+
+def test_a_model_without_an_auto_class_is_refused_with_the_reason():
+    plain = GPT2LMHeadModel(make_tiny_gpt2_config())
+
+    with pytest.raises(ValueError, match="registered for one of"):
+        build_model_card(plain)
