@@ -136,6 +136,13 @@ class TyingConfigMixin:
         if self.tying_map is not None:
             self.tying_map = TyingMap(self.tying_map, num_blocks=self.num_hidden_layers).to_list()
 
+    def __setattr__(self, key, value):
+        # Maps set on a built config (`from_pretrained(path, tying_map=...)` assigns its kwargs that
+        # way) are validated and made canonical too; the length is checked when a model applies them.
+        if key == "tying_map" and value is not None:
+            value = TyingMap(value).to_list()
+        super().__setattr__(key, value)
+
     @property
     def tying(self) -> TyingMap:
         """The map as a `TyingMap` (independent blocks when `tying_map` is `None`)."""

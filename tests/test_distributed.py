@@ -1,0 +1,61 @@
+"""Two gloo processes on CPU, launched exactly as the README tells users: ranks stay identical through re-ties."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+# The README's command for a CPU-only machine.
+LAUNCH = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
+
+
+def launch(script_and_args, cwd):
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    completed = subprocess.run(
+        [*LAUNCH, *script_and_args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return completed
+
+
+def test_two_ranks_end_with_identical_maps_and_weights_after_reties_and_an_untie(tmp_path):
+    launch([str(REPO / "tests" / "scripts" / "ddp_tying_run.py"), str(tmp_path)], cwd=tmp_path)
+    rank0, rank1 = (torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1))
+    assert rank0["world_size"] == rank1["world_size"] == 2
+
+    maps = rank0["maps"]
+    changes = sum(before != after for before, after in zip([[0, 0, 0, 0]] + maps, maps))
+    untied = any(
+        before[block] != block and after[block] == block
+        for before, after in zip([[0, 0, 0, 0]] + maps, maps)
+        for block in range(4)
+    )
+    assert changes >= 3 and untied, maps
+    assert rank0["maps"] == rank1["maps"] and rank0["map"] == rank1["map"]
+    assert rank0["state_dict"].keys() == rank1["state_dict"].keys()
+    for name, tensor in rank0["state_dict"].items():
+        assert torch.equal(tensor, rank1["state_dict"][name]), f"ranks differ in {name}"
+
+
+def test_run_clm_under_accelerate_launch_on_two_processes(tmp_path):
+    lines = (REPO.parent / "shared" / "data" / "shakespeare" / "macbeth_gut.txt").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "train.txt").write_text("\n".join(lines[:600]))
+    (tmp_path / "validation.txt").write_text("\n".join(lines[2000:2100]))
+    completed = launch(
+        [
+            str(REPO / "run_clm.py"),
+            "--train_file", "train.txt", "--validation_file", "validation.txt",
+            "--config_overrides", "n_layer=3,n_embd=16,n_head=2,n_positions=32", "--block_size", "32",
+            "--output_dir", "out", "--do_train", "--do_eval", "--max_steps", "6", "--tying_interval", "2",
+            "--reward_batch_size", "4", "--per_device_train_batch_size", "4", "--max_eval_samples", "8",
+            "--report_to", "none", "--disable_tqdm", "true", "--log_level", "info",
+        ],  # fmt: skip
+        cwd=tmp_path,
+    )
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 8" in completed.stdout + completed.stderr
+    assert (tmp_path / "out" / "model.safetensors").is_file() and (tmp_path / "out" / "README.md").is_file()
+    history = (tmp_path / "out" / "tying_history.jsonl").read_text().splitlines()
+    assert len(history) == 3  # written once (rank 0), one line per decision

@@ -1,0 +1,534 @@
+"""TiedGPT2LMHeadModel and TiedBertForMaskedLM: sharing, checkpoints, retie, accounting, loading, training.
+
+The properties run on random valid maps for both model classes; models are tiny (3-6 blocks, width 16).
+"""
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY_BERT, TINY_GPT2, make_tiny_bert_config, make_tiny_gpt2_config, raw_tying_maps
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    BertConfig,
+    BertForMaskedLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedModel,
+)
+
+from hf_layertie import (
+    TiedBertConfig,
+    TiedBertForMaskedLM,
+    TiedGPT2Config,
+    TiedGPT2LMHeadModel,
+    TyingMap,
+)
+
+# Each example builds (and often saves and reloads) a model: about 0.1-0.4 s on one core.
+FEW = settings(max_examples=10, deadline=None)
+SOME = settings(max_examples=15, deadline=None)
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """One tied model class with everything the shared tests need to build, compare and reload it."""
+
+    name: str
+    tied_class: type[PreTrainedModel]
+    make_config: Callable
+    plain_class: type[PreTrainedModel]
+    plain_config: Callable[[int], object]
+    auto_class: type
+    blocks_path: str
+
+    def tied_model(self, tying_map, seed: int = 0, **overrides) -> PreTrainedModel:
+        torch.manual_seed(seed)
+        return self.tied_class(self.make_config(tying_map, **overrides)).eval()
+
+    def plain_model(self, num_blocks: int, seed: int = 0) -> PreTrainedModel:
+        torch.manual_seed(seed)
+        return self.plain_class(self.plain_config(num_blocks)).eval()
+
+
+GPT2 = ModelKind(
+    name="gpt2",
+    tied_class=TiedGPT2LMHeadModel,
+    make_config=make_tiny_gpt2_config,
+    plain_class=GPT2LMHeadModel,
+    plain_config=lambda num_blocks: GPT2Config(n_layer=num_blocks, **TINY_GPT2),
+    auto_class=AutoModelForCausalLM,
+    blocks_path="transformer.h",
+)
+BERT = ModelKind(
+    name="bert",
+    tied_class=TiedBertForMaskedLM,
+    make_config=make_tiny_bert_config,
+    plain_class=BertForMaskedLM,
+    plain_config=lambda num_blocks: BertConfig(num_hidden_layers=num_blocks, **TINY_BERT),
+    auto_class=AutoModelForMaskedLM,
+    blocks_path="bert.encoder.layer",
+)
+both_kinds = pytest.mark.parametrize("kind", [GPT2, BERT], ids=lambda kind: kind.name)
+
+INPUT_IDS = torch.randint(1, TINY_GPT2["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(0))
+
+
+@st.composite
+def map_pairs(draw, different_num_distinct: bool = False) -> tuple[TyingMap, TyingMap]:
+    """Two canonical maps over the same number of blocks."""
+    first = TyingMap(draw(raw_tying_maps()))
+    other = raw_tying_maps(min_blocks=len(first), max_blocks=len(first)).map(TyingMap)
+    if different_num_distinct:
+        other = other.filter(lambda second: second.num_distinct != first.num_distinct)
+    return first, draw(other)
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def block_parameters(model: PreTrainedModel, block: int) -> dict[str, nn.Parameter]:
+    return dict(model.tied_blocks[block].named_parameters(remove_duplicate=False))
+
+
+def assert_blocks_share_as(model: PreTrainedModel, tying_map) -> None:
+    """Tied blocks hold their root's very Parameter objects; independent blocks share no Parameter or storage."""
+    tying_map = TyingMap(tying_map)
+    assert model.tying_map == tying_map
+    assert model.config.tying_map in (None, tying_map.to_list())
+    for block, root in enumerate(tying_map):
+        own, roots = block_parameters(model, block), block_parameters(model, root)
+        assert own.keys() == roots.keys()
+        assert all(own[name] is roots[name] for name in own), f"block {block} does not share block {root}'s Parameters"
+    storages = [
+        {parameter.data_ptr() for parameter in block_parameters(model, block).values()}
+        for block in tying_map.independent_blocks
+    ]
+    assert sum(map(len, storages)) == len(set().union(*storages)), "independent blocks share storage"
+
+
+def logits(model: PreTrainedModel) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=INPUT_IDS).logits
+
+
+def load_cleanly(model_class: type[PreTrainedModel], directory: Path, **load_kwargs) -> PreTrainedModel:
+    """Load and check that transformers found every weight it expected (nothing re-initialised or dropped)."""
+    model, loading_info = model_class.from_pretrained(directory, output_loading_info=True, **load_kwargs)
+    assert not any(loading_info.values()), loading_info
+    return model.eval()
+
+
+def assert_round_trips(model: PreTrainedModel, directory: Path) -> PreTrainedModel:
+    model.save_pretrained(directory)
+    reloaded = load_cleanly(type(model), directory)
+    assert torch.equal(logits(reloaded), logits(model))
+    assert_blocks_share_as(reloaded, model.tying_map)
+    return reloaded
+
+
+def perturb_(model: PreTrainedModel, seed: int) -> None:
+    """Move every weight away from its initial value, so copies of stale weights would show."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.1)
+
+
+def block_numel(model: PreTrainedModel, blocks_path: str) -> int:
+    return sum(parameter.numel() for parameter in model.get_submodule(blocks_path)[0].parameters())
+
+
+def block_index(key: str, blocks_path: str) -> int | None:
+    """The block a checkpoint key belongs to (`transformer.h.10.ln_1.weight` -> 10), None outside the blocks."""
+    prefix = f"{blocks_path}."
+    return int(key[len(prefix) :].split(".")[0]) if key.startswith(prefix) else None
+
+
+@cache
+def plain_checkpoint(kind: ModelKind, num_blocks: int, directory: Path) -> dict[str, torch.Tensor]:
+    """The tensors transformers' own (untied) class writes for the same architecture."""
+    kind.plain_model(num_blocks).save_pretrained(directory / f"plain-{kind.name}-{num_blocks}")
+    return load_file(directory / f"plain-{kind.name}-{num_blocks}" / "model.safetensors")
+
+
+# --- sharing and checkpoints ---------------------------------------------------------------------
+
+
+@both_kinds
+@SOME
+@given(entries=raw_tying_maps())
+def test_tied_blocks_hold_their_roots_parameter_objects(kind, entries):
+    model = kind.tied_model(entries)
+
+    assert_blocks_share_as(model, entries)
+    assert model.config.tying_map == TyingMap(entries).to_list()
+    blocks = model.get_submodule(kind.blocks_path)
+    assert len({id(block) for block in blocks}) == len(entries), "every position keeps its own module"
+
+
+@both_kinds
+@FEW
+@given(entries=raw_tying_maps())
+def test_save_and_load_gives_identical_logits_and_the_same_sharing(kind, entries, tmp_path_factory):
+    model = kind.tied_model(entries)
+    perturb_(model, seed=len(entries))
+
+    assert_round_trips(model, tmp_path_factory.mktemp("checkpoint"))
+
+
+@both_kinds
+@FEW
+@given(maps=map_pairs(different_num_distinct=True))
+def test_checkpoint_stores_each_distinct_block_once(kind, maps, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("checkpoints")
+    plain = plain_checkpoint(kind, len(maps[0]), tmp_path_factory.getbasetemp())
+    sizes = {}
+    for index, tying_map in enumerate(maps):
+        kind.tied_model(tying_map).save_pretrained(directory / str(index))
+        path = directory / str(index) / "model.safetensors"
+        saved = load_file(path)
+        blocks = {key: block_index(key, kind.blocks_path) for key in plain}
+        expected_keys = {key for key, block in blocks.items() if block is None or tying_map.is_independent(block)}
+        assert saved.keys() == expected_keys
+        per_block = sum(1 for block in blocks.values() if block == 0)
+        non_block = sum(1 for block in blocks.values() if block is None)
+        assert len(saved) == non_block + tying_map.num_distinct * per_block
+        sizes[tying_map.num_distinct] = (len(saved), path.stat().st_size)
+
+    fewer, more = sorted(sizes)
+    assert sizes[fewer][0] < sizes[more][0]
+    assert sizes[fewer][1] < sizes[more][1]
+
+
+@both_kinds
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [0, 0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],  # block 1 tied, blocks 10 and 11 independent
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 1],  # block 1 independent, blocks 10 and 11 tied to it
+    ],
+)
+def test_block_1_ties_do_not_leak_into_blocks_10_and_11(kind, entries, tmp_path):
+    # Unescaped patterns such as "transformer.h.1" also match "transformer.h.10..." (platform facts).
+    model = kind.tied_model(entries)
+    perturb_(model, seed=2)
+
+    assert_round_trips(model, tmp_path)
+    saved_blocks = {block_index(key, kind.blocks_path) for key in load_file(tmp_path / "model.safetensors")}
+    assert saved_blocks - {None} == set(TyingMap(entries).independent_blocks)
+
+
+@both_kinds
+def test_untied_word_embeddings_still_restore_block_ties(kind, tmp_path):
+    # transformers returns no tied keys at all when tie_word_embeddings=False (platform facts).
+    model = kind.tied_model([0, 0, 1, 3, 3], tie_word_embeddings=False)
+    perturb_(model, seed=1)
+
+    reloaded = assert_round_trips(model, tmp_path)
+
+    assert reloaded.get_output_embeddings().weight is not reloaded.get_input_embeddings().weight
+    assert torch.equal(reloaded.get_output_embeddings().weight, model.get_output_embeddings().weight)
+
+
+# --- retie ---------------------------------------------------------------------------------------
+
+
+@both_kinds
+@SOME
+@given(maps=map_pairs())
+def test_retie_reports_exactly_the_parameters_that_appeared_and_disappeared(kind, maps, tmp_path_factory):
+    old_map, new_map = maps
+    model = kind.tied_model(old_map)
+    perturb_(model, seed=3)
+    before = {id(parameter): parameter for parameter in model.parameters()}
+    parameters_before = [block_parameters(model, block) for block in range(len(old_map))]
+    weights_before = [
+        {name: parameter.detach().clone() for name, parameter in parameters.items()} for parameters in parameters_before
+    ]
+
+    report = model.retie(new_map.to_list())
+
+    after = {id(parameter): parameter for parameter in model.parameters()}
+    assert (report.old_map, report.new_map, report.changed) == (old_map, new_map, old_map != new_map)
+    assert {id(parameter) for parameter in report.added} == after.keys() - before.keys()
+    assert {id(parameter) for parameter in report.removed} == before.keys() - after.keys()
+    assert len(report.added) == len({id(parameter) for parameter in report.added})
+    assert {id(parameter) for parameter in report.copied_from} == {id(parameter) for parameter in report.added}
+    assert_blocks_share_as(model, new_map)
+    for block in new_map.independent_blocks:
+        parameters = block_parameters(model, block)
+        if old_map.is_independent(block):  # kept: the same objects with the same values
+            for name, parameter in parameters.items():
+                assert parameter is parameters_before[block][name]
+                assert torch.equal(parameter, weights_before[block][name])
+        else:  # untied: fresh trainable Parameters holding its former root's current weights
+            for name, parameter in parameters.items():
+                assert id(parameter) not in before
+                assert report.copied_from[parameter] is parameters_before[block][name]
+                assert parameter.requires_grad
+                assert torch.equal(parameter, weights_before[block][name])
+
+    assert_round_trips(model, tmp_path_factory.mktemp("retied"))
+
+
+def test_untie_copies_the_current_weights_into_fresh_storage():
+    model = GPT2.tied_model([0, 0, 0, 0])
+    perturb_(model, seed=4)
+    source = block_parameters(model, 0)
+
+    report = model.retie([0, 1, 1, 3])
+
+    for block in (1, 3):
+        for name, parameter in block_parameters(model, block).items():
+            assert torch.equal(parameter, source[name])
+            others = [block_parameters(model, other)[name] for other in range(4) if model.tying_map[other] != block]
+            assert all(parameter.data_ptr() != other.data_ptr() for other in others)
+    assert len(report.added) == 2 * len(source)
+    assert report.removed == []
+    # Training a block after the untie leaves its former root alone.
+    with torch.no_grad():
+        block_parameters(model, 1)["mlp.c_fc.weight"].add_(1.0)
+    assert not torch.equal(block_parameters(model, 1)["mlp.c_fc.weight"], source["mlp.c_fc.weight"])
+    assert torch.equal(block_parameters(model, 2)["mlp.c_fc.weight"], block_parameters(model, 1)["mlp.c_fc.weight"])
+
+
+def test_retie_rejects_an_invalid_map_and_changes_nothing():
+    model = GPT2.tied_model([0, 0, 2, 2])
+    parameters = [id(parameter) for parameter in model.parameters()]
+
+    with pytest.raises(ValueError, match=r"tying_map\[3\] = 4 is a forward reference"):
+        model.retie([0, 1, 2, 4])
+    with pytest.raises(ValueError, match="tying_map has 3 entries but the model has 4 blocks"):
+        model.retie([0, 1, 2])
+
+    assert [id(parameter) for parameter in model.parameters()] == parameters
+    assert_blocks_share_as(model, [0, 0, 2, 2])
+
+
+# --- invalid maps in configs and checkpoints -----------------------------------------------------
+
+INVALID_MAPS = [
+    ([0, 0, 3, 0], "tying_map[2] = 3 is a forward reference"),
+    ([0, 0, 1], "tying_map has 3 entries but the model has 4 blocks"),
+    ([0, 0, "1", 0], "tying_map[2] = '1' is not an integer block index"),
+    ([0, 0.5, 1, 0], "tying_map[1] = 0.5 is not an integer block index"),
+    ([0, -2, 1, 0], "tying_map[1] = -2 is negative"),
+    ([2, 0, 1, 0], "tying_map[0] = 2: block 0 is always independent"),
+]
+
+
+@both_kinds
+@pytest.mark.parametrize(("entries", "message"), INVALID_MAPS)
+def test_config_rejects_an_invalid_map(kind, entries, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        kind.make_config(entries, num_blocks=4)
+
+
+@both_kinds
+@pytest.mark.parametrize(("entries", "message"), INVALID_MAPS)
+def test_loading_a_checkpoint_with_a_hand_edited_invalid_map_fails_clearly(kind, entries, message, tmp_path):
+    kind.tied_model([0, 0, 2, 0]).save_pretrained(tmp_path)
+    config_path = tmp_path / "config.json"
+    config = json.loads(config_path.read_text())
+    config["tying_map"] = entries
+    config_path.write_text(json.dumps(config))
+
+    for load in (kind.tied_class.from_pretrained, kind.auto_class.from_pretrained):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            load(tmp_path)
+
+
+@both_kinds
+def test_config_keeps_no_map_as_none_and_stores_maps_canonically(kind):
+    config = kind.make_config(None, num_blocks=5)
+    assert config.tying_map is None
+    assert config.tying == TyingMap.independent(5)
+
+    config = kind.make_config((0, 0, 1, 2))
+    assert config.tying_map == [0, 0, 0, 0]
+    assert type(config).from_dict(config.to_dict()).tying_map == [0, 0, 0, 0]
+
+    config.tying_map = [0, 1, 1, 2]
+    assert config.tying_map == [0, 1, 1, 1]
+    with pytest.raises(ValueError, match=r"tying_map\[2\] = 7 is a forward reference"):
+        config.tying_map = [0, 1, 7, 2]
+
+
+@both_kinds
+def test_a_map_passed_to_from_pretrained_is_validated_and_stored_canonically(kind, tmp_path):
+    kind.tied_model([0, 1, 2, 3]).save_pretrained(tmp_path)
+
+    model = kind.tied_class.from_pretrained(tmp_path, tying_map=[0, 0, 1, 2])
+
+    assert model.config.tying_map == [0, 0, 0, 0]
+    assert_blocks_share_as(model, [0, 0, 0, 0])
+    with pytest.raises(ValueError, match=r"tying_map\[3\] = 9 is a forward reference"):
+        kind.tied_class.from_pretrained(tmp_path, tying_map=[0, 0, 1, 9])
+    with pytest.raises(ValueError, match="tying_map has 3 entries but the model has 4 blocks"):
+        kind.tied_class.from_pretrained(tmp_path, tying_map=[0, 0, 1])
+
+
+# --- parameter accounting ------------------------------------------------------------------------
+
+
+@both_kinds
+@SOME
+@given(entries=raw_tying_maps())
+def test_parameter_counts_count_each_distinct_parameter_once(kind, entries):
+    model = kind.tied_model(entries)
+    plain = kind.plain_model(len(entries))
+    tying_map = TyingMap(entries)
+    per_block = block_numel(plain, kind.blocks_path)
+    distinct = {id(p): p for _, p in model.named_parameters(remove_duplicate=False)}.values()
+    embeddings = sum(module.weight.numel() for module in plain.modules() if isinstance(module, nn.Embedding))
+    plain_total = sum(parameter.numel() for parameter in plain.parameters())
+
+    counts = model.parameter_counts()
+
+    assert counts.total == sum(parameter.numel() for parameter in distinct)
+    assert counts.total == plain_total - (len(entries) - tying_map.num_distinct) * per_block
+    assert counts.blocks == tying_map.num_distinct * per_block
+    assert counts.embeddings == embeddings
+    assert counts.rest == plain_total - embeddings - len(entries) * per_block > 0
+    assert counts.total == counts.embeddings + counts.blocks + counts.rest
+    assert counts.trainable == counts.total
+
+
+def test_trainable_count_leaves_out_frozen_parameters():
+    model = GPT2.tied_model([0, 0, 2, 2])
+    model.get_input_embeddings().weight.requires_grad_(False)
+
+    counts = model.parameter_counts()
+
+    assert counts.trainable == counts.total - model.get_input_embeddings().weight.numel()
+
+
+# --- loading plain transformers checkpoints ------------------------------------------------------
+
+
+@both_kinds
+@FEW
+@given(entries=raw_tying_maps())
+def test_plain_checkpoint_loads_with_each_tied_block_taking_its_roots_weights(kind, entries, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("plain")
+    plain = kind.plain_model(len(entries), seed=5)
+    perturb_(plain, seed=6)
+    plain.save_pretrained(directory)
+
+    tied = load_cleanly(kind.tied_class, directory, tying_map=entries)
+
+    tying_map = TyingMap(entries)
+    assert_blocks_share_as(tied, tying_map)
+    plain_blocks = plain.get_submodule(kind.blocks_path)
+    for block, root in enumerate(tying_map):
+        for name, parameter in block_parameters(tied, block).items():
+            assert torch.equal(parameter, plain_blocks[root].get_parameter(name)), f"block {block} {name}"
+    plain_rest = {name: p for name, p in plain.named_parameters() if not name.startswith(kind.blocks_path)}
+    tied_rest = {name: p for name, p in tied.named_parameters() if not name.startswith(kind.blocks_path)}
+    assert plain_rest.keys() == tied_rest.keys()
+    assert all(torch.equal(tied_rest[name], plain_rest[name]) for name in plain_rest)
+    if tying_map.num_distinct == len(tying_map):
+        assert torch.equal(logits(tied), logits(plain))
+
+
+# --- generation ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("entries", [[0, 0, 0, 0], [0, 1, 0, 1], [0, 0, 2, 2], [0, 1, 2, 3]])
+def test_generate_gives_the_same_tokens_with_and_without_kv_cache(tiny_gpt2_config, entries):
+    torch.manual_seed(0)
+    model = TiedGPT2LMHeadModel(tiny_gpt2_config(entries)).eval()
+    perturb_(model, seed=7)
+    prompt = INPUT_IDS[:, :5]
+
+    def greedy(use_cache: bool) -> torch.Tensor:
+        return model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False, use_cache=use_cache
+        )
+
+    with_cache = greedy(use_cache=True)
+    assert with_cache.shape == (2, 5 + 12)
+    assert torch.equal(with_cache, greedy(use_cache=False))
+
+
+# --- Auto classes --------------------------------------------------------------------------------
+
+
+def test_auto_classes_build_the_tied_classes(tiny_gpt2_config, tiny_bert_config):
+    gpt2_config = AutoConfig.for_model("tied_gpt2", n_layer=3, tying_map=[0, 0, 1])
+    bert_config = AutoConfig.for_model("tied_bert", num_hidden_layers=3, tying_map=[0, 1, 1])
+
+    assert type(gpt2_config) is TiedGPT2Config and gpt2_config.tying_map == [0, 0, 0]
+    assert type(bert_config) is TiedBertConfig and bert_config.tying_map == [0, 1, 1]
+    assert type(AutoModelForCausalLM.from_config(tiny_gpt2_config([0, 0, 1]))) is TiedGPT2LMHeadModel
+    assert type(AutoModelForMaskedLM.from_config(tiny_bert_config([0, 0, 2]))) is TiedBertForMaskedLM
+
+
+@both_kinds
+def test_auto_classes_load_a_saved_tied_checkpoint(kind, tmp_path):
+    model = kind.tied_model([0, 1, 0, 1])
+    perturb_(model, seed=8)
+    model.save_pretrained(tmp_path)
+
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model_type"] == f"tied_{kind.name}"
+    assert config["auto_map"][kind.auto_class.__name__].endswith(f".{kind.tied_class.__name__}")
+    assert type(AutoConfig.from_pretrained(tmp_path)) is kind.tied_class.config_class
+    reloaded = load_cleanly(kind.auto_class, tmp_path)
+    assert type(reloaded) is kind.tied_class
+    assert_blocks_share_as(reloaded, [0, 1, 0, 1])
+    assert torch.equal(logits(reloaded), logits(model))
+
+
+# --- training with transformers' Trainer ---------------------------------------------------------
+
+
+def optimizer_state_after_one_step(model: PreTrainedModel, output_dir: Path) -> dict:
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    ids = torch.randint(1, TINY_GPT2["vocab_size"], (4, 16), generator=torch.Generator().manual_seed(9)).tolist()
+    arguments = TrainingArguments(
+        output_dir=str(output_dir),
+        max_steps=1,
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+    )
+    trainer = Trainer(model=model, args=arguments, train_dataset=Dataset.from_dict({"input_ids": ids, "labels": ids}))
+    trainer.train()
+    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's AcceleratedOptimizer
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    return optimizer.state
+
+
+def test_trainer_keeps_optimizer_state_for_distinct_parameters_only(tiny_gpt2_config, tmp_path):
+    num_blocks = 12
+    torch.manual_seed(0)
+    all_tied = TiedGPT2LMHeadModel(tiny_gpt2_config([0] * num_blocks))
+    torch.manual_seed(0)
+    untied = TiedGPT2LMHeadModel(tiny_gpt2_config(None, num_blocks=num_blocks))
+    per_block = len(list(all_tied.tied_blocks[0].parameters()))
+    non_block = len(list(untied.parameters())) - num_blocks * per_block
+
+    for model, distinct_blocks in ((all_tied, 1), (untied, num_blocks)):
+        state = optimizer_state_after_one_step(model, tmp_path / str(distinct_blocks))
+        parameters = {id(parameter) for parameter in model.parameters()}
+
+        assert len(state) == non_block + distinct_blocks * per_block
+        assert {id(parameter) for parameter in state} == parameters
+        assert all(state[parameter]["step"] == 1 for parameter in state)
+    assert_blocks_share_as(all_tied, [0] * num_blocks)
