@@ -209,3 +209,17 @@ def test_invalid_arguments_fail_at_construction_naming_the_argument(tmp_path, ov
 def test_dlt_without_held_out_data_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="needs held-out data for its reward"):
         TyingTrainer(model=tiny_model(), args=tying_args(tmp_path), train_dataset=token_dataset())
+
+
+def test_decisions_reach_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trainer = make_trainer(tmp_path, max_steps=6, report_to=["tensorboard"])
+    trainer.train()
+    (run_dir,) = (tmp_path / "runs").iterdir()  # TensorBoardCallback's default: output_dir/runs/<date_host>
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    distinct = events.Scalars("train/tying/distinct_blocks")  # the callback prefixes "train/"
+    assert [event.step for event in distinct] == [0, 2, 4]
+    assert [event.value for event in distinct] == [record["distinct_blocks"] for record in trainer.tying_records]
+    assert "train/tying/reward" in events.Tags()["scalars"]
