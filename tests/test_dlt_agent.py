@@ -268,11 +268,14 @@ def test_load_state_dict_rejects_another_number_of_blocks():
 def test_reward_orders_every_plausible_loss_unlike_the_clipped_negative_perplexity():
     """Losses 0.5..11 nats (perplexity 1.6..60,000) must give distinct rewards; the paper's
     -perplexity clipped to [-10, 10] is -10 for every loss above ln(10) = 2.3 nats."""
-    reward = TyingReward()
     tying_map = TyingMap.independent(12)
     losses = [0.5 + 0.25 * step for step in range(43)]  # 0.5 .. 11.0
-    rewards = [reward(loss, tying_map) for loss in losses]
+    rewards = [TyingReward(measure="loss")(loss, tying_map) for loss in losses]
     assert all(higher > lower for higher, lower in zip(rewards, rewards[1:]))
+    # The improvement over k steps orders the outcomes at every level of loss the action started from.
+    for loss_before in losses:
+        improvements = [TyingReward()(loss, tying_map, loss_before=loss_before) for loss in losses]
+        assert all(higher > lower for higher, lower in zip(improvements, improvements[1:]))
     clipped_perplexity = [max(-10.0, min(10.0, -math.exp(loss))) for loss in losses]
     assert len({value for loss, value in zip(losses, clipped_perplexity) if loss > math.log(10)}) == 1
 
@@ -282,15 +285,22 @@ def test_reward_charges_block_cost_per_distinct_block_and_penalty_per_block_over
     tying_map, loss, block_cost, budget, penalty
 ):
     distinct = tying_map.num_distinct
-    assert TyingReward()(loss, tying_map) == -loss
-    assert TyingReward(block_cost=block_cost)(loss, tying_map) == pytest.approx(-loss - block_cost * distinct)
-    budgeted = TyingReward(distinct_budget=budget, budget_penalty=penalty)(loss, tying_map)
+    assert TyingReward(measure="loss")(loss, tying_map) == -loss
+    assert TyingReward()(loss, tying_map, loss_before=5.0) == pytest.approx(5.0 - loss)
+    charged = TyingReward(block_cost=block_cost, measure="loss")(loss, tying_map)
+    assert charged == pytest.approx(-loss - block_cost * distinct)
+    budgeted = TyingReward(distinct_budget=budget, budget_penalty=penalty, measure="loss")(loss, tying_map)
     assert budgeted == pytest.approx(-loss - penalty * max(0, distinct - budget))
 
 
 def test_reward_prefers_fewer_blocks_at_equal_loss_when_blocks_cost():
     reward = TyingReward(block_cost=0.01)
-    assert reward(3.0, TyingMap([0, 0, 0, 0])) > reward(3.0, TyingMap([0, 1, 2, 3]))
+    assert reward(3.0, TyingMap([0, 0, 0, 0]), loss_before=3.1) > reward(3.0, TyingMap([0, 1, 2, 3]), loss_before=3.1)
+
+
+def test_improvement_reward_needs_the_loss_before_the_action():
+    with pytest.raises(ValueError, match="needs loss_before"):
+        TyingReward()(3.0, TyingMap([0, 0]))
 
 
 @pytest.mark.parametrize(
@@ -301,6 +311,7 @@ def test_reward_prefers_fewer_blocks_at_equal_loss_when_blocks_cost():
         ({"budget_penalty": -1.0}, "budget_penalty"),
         ({"distinct_budget": 0}, "distinct_budget"),
         ({"distinct_budget": 2.5}, "distinct_budget"),
+        ({"measure": "perplexity"}, "measure"),
     ],
 )
 def test_reward_validation_names_the_field(kwargs, field):

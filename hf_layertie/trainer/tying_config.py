@@ -33,9 +33,15 @@ class TyingTrainingArguments(TrainingArguments):
         Adam learning rate and discount of the Q-learning agent.
     epsilon_start / epsilon_decay / epsilon_min (`float`, defaults to 1.0 / 0.95 / 0.1):
         Epsilon-greedy exploration; epsilon decays once per sweep over blocks 1..L-1.
+    reward_measure (`str`, defaults to `"improvement"`):
+        The quality part of the reward: `"improvement"`, the held-out loss when the action was taken minus the
+        held-out loss k steps later, or `"loss"`, minus the held-out loss k steps later. Both carry signal at every
+        stage of training (the authors' -perplexity clipped to [-10, 10] is constant while perplexity > 10);
+        `"improvement"` also removes the steady fall of the loss over training, which otherwise makes every map
+        visited late look better than every map visited early (see `hf_layertie.dlt.reward`).
     reward_block_cost (`float`, defaults to 0.01):
         Nats of held-out loss the user is willing to pay per distinct block: the reward is
-        `-held_out_loss - reward_block_cost * distinct_blocks` (minus the budget term). 0 optimises quality only.
+        `quality - reward_block_cost * distinct_blocks` (minus the budget term). 0 optimises quality only.
     reward_distinct_budget (`int`, *optional*) and reward_budget_penalty (`float`, defaults to 1.0):
         A soft budget: every distinct block above the budget costs `reward_budget_penalty` nats more.
     reward_batch_size (`int`, defaults to 16):
@@ -57,6 +63,9 @@ class TyingTrainingArguments(TrainingArguments):
     epsilon_start: float = field(default=1.0, metadata={"help": "Initial exploration rate."})
     epsilon_decay: float = field(default=0.95, metadata={"help": "Exploration decay per sweep over the blocks."})
     epsilon_min: float = field(default=0.1, metadata={"help": "Exploration floor."})
+    reward_measure: str = field(
+        default="improvement", metadata={"help": "Reward quality term: 'improvement' (loss drop over k steps) or 'loss'."}
+    )
     reward_block_cost: float = field(
         default=0.01, metadata={"help": "Reward cost in nats per distinct (trainable) block."}
     )
@@ -106,6 +115,7 @@ class TyingTrainingArguments(TrainingArguments):
         if self.tying_initial_map is not None and not self.is_dynamic:
             raise ValueError(f"tying_initial_map is only used by 'dlt' and 'random', not by {self.tying_strategy!r}")
         checks = [
+            ("reward_measure", self.reward_measure in ("improvement", "loss"), "'improvement' or 'loss'"),
             ("tying_interval", self.tying_interval >= 1, "an integer >= 1"),
             ("q_hidden_size", self.q_hidden_size >= 1, "an integer >= 1"),
             ("q_learning_rate", self.q_learning_rate > 0, "> 0"),

@@ -3,8 +3,8 @@
 Every `tying_interval` optimizer steps, on the first micro-batch of that step (so exactly once per
 optimizer step, whatever the gradient accumulation), the trainer:
 
-1. measures the held-out loss of the fixed reward batch: the reward of the previous decision, taken
-   `k` steps after it, and lets the agent learn from it;
+1. measures the held-out loss of the fixed reward batch: with the loss measured at the previous
+   decision, it gives that decision's reward `k` steps after it, and the agent learns from it;
 2. asks the agent for the next decision (rank 0 only) and broadcasts the resulting map to every rank;
 3. re-ties the model on every rank, then brings the optimizer (`sync_optimizer_with_model`) and the
    DDP wrapper (`rebuild_data_parallel`) in line with the model's Parameters;
@@ -75,6 +75,7 @@ class TyingTrainer(Trainer):
         self.tying_seconds = 0.0  # wall time spent deciding, measuring rewards and re-tying (the agent's overhead)
         self.agent: TyingAgent | None = None
         self._last_decision_step: int | None = None
+        self._loss_at_last_decision: float | None = None  # held-out loss when the pending action was taken
         self._reward_examples = None
         self._reward_batch = None
         if args.tying_mode == "none":
@@ -94,6 +95,7 @@ class TyingTrainer(Trainer):
             block_cost=args.reward_block_cost,
             distinct_budget=args.reward_distinct_budget,
             budget_penalty=args.reward_budget_penalty,
+            measure=args.reward_measure,
         )
         self._reward_examples = self._select_reward_examples(reward_dataset)
 
@@ -180,10 +182,13 @@ class TyingTrainer(Trainer):
         """Rank 0: learn from the previous decision's reward, then propose the next decision."""
         current = self.model.tying_map
         outcome = {}
-        if self.agent.pending and self._reward_examples is not None:
+        if self._reward_examples is not None:
             held_out_loss = self._held_out_loss()
-            reward = self.reward(held_out_loss, current)
-            outcome = {"held_out_loss": held_out_loss, "reward": reward, "q_loss": self.agent.learn(reward, current)}
+            outcome["held_out_loss"] = held_out_loss
+            if self.agent.pending:
+                reward = self.reward(held_out_loss, current, loss_before=self._loss_at_last_decision)
+                outcome.update(reward=reward, q_loss=self.agent.learn(reward, current))
+            self._loss_at_last_decision = held_out_loss
         decision = self.agent.propose(current)
         return {
             "step": self.state.global_step,
@@ -254,6 +259,7 @@ class TyingTrainer(Trainer):
             "agent": self.agent.state_dict() if self.agent is not None else None,
             "records": self.tying_records,
             "last_decision_step": self._last_decision_step,
+            "loss_at_last_decision": self._loss_at_last_decision,
         }
 
     def _save_checkpoint(self, model, trial) -> None:
@@ -285,6 +291,7 @@ class TyingTrainer(Trainer):
             self.agent.load_state_dict(state["agent"])
         self.tying_records = list(state["records"])
         self._last_decision_step = state["last_decision_step"]
+        self._loss_at_last_decision = state["loss_at_last_decision"]
         if self.args.should_save:  # the history on disk restarts from the checkpoint, as the run does
             os.makedirs(self.args.output_dir, exist_ok=True)
             with open(os.path.join(self.args.output_dir, TYING_HISTORY_NAME), "w") as history:
