@@ -1,0 +1,1 @@
+"""Benchmarks of hf-layertie: every tying strategy trained side by side and measured (see bench/README.md)."""
