@@ -153,9 +153,9 @@ def run(task: LanguageModelingTask, argv: list[str] | None = None) -> dict[str, 
         trainer.log_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
     trainer.save_metrics("all", metrics)
-    trainer.create_model_card(eval_results=_card_metrics(metrics))
+    trainer.create_model_card()  # the card takes eval_loss and perplexity from the last evaluation
     if training_args.push_to_hub:
-        trainer.push_to_hub(eval_results=_card_metrics(metrics))
+        trainer.push_to_hub()
     return metrics
 
 
@@ -198,8 +198,3 @@ def _perplexity(loss: float) -> float:
         return math.exp(loss)
     except OverflowError:
         return math.inf
-
-
-def _card_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    return {key: value for key, value in metrics.items() if key in ("eval_loss", "perplexity")}
-

@@ -33,7 +33,7 @@ from ..dlt import AgentConfig, TyingAgent, TyingReward
 from ..model_card import write_model_card
 from ..models.tied_blocks import RetieReport, TiedBlocksMixin
 from ..models.tying_map import TyingMap
-from ..models.tying_strategies import parse_strategy, resolve_tying_map
+from ..models.tying_strategies import resolve_tying_map
 from .optimizer_sync import rebuild_data_parallel, sync_optimizer_with_model
 from .tying_config import TyingTrainingArguments
 from .tying_plot import plot_tying_history
@@ -82,14 +82,13 @@ class TyingTrainer(Trainer):
             return
         self._check_model_can_tie()
         if args.tying_mode == "static":
-            self._apply_map(parse_strategy(args.static_spec, len(self.model.tied_blocks)), argument="tying_strategy")
+            self.model.retie(self._parse_map_argument(args.static_spec, "tying_strategy"))
             self._record({"step": 0, **self._map_fields()})
             return
         if args.ddp_static_graph:
             raise ValueError("ddp_static_graph=True cannot follow re-ties; leave it unset with a dynamic tying_strategy")
         if args.tying_initial_map is not None:
-            initial = self._parse_map_argument(args.tying_initial_map, "tying_initial_map")
-            self._apply_map(initial, argument="tying_initial_map")
+            self.model.retie(self._parse_map_argument(args.tying_initial_map, "tying_initial_map"))
         self.agent = TyingAgent(len(self.model.tied_blocks), self._agent_config())
         self.reward = TyingReward(
             block_cost=args.reward_block_cost,
@@ -114,13 +113,6 @@ class TyingTrainer(Trainer):
             return resolve_tying_map(text, len(self.model.tied_blocks))
         except ValueError as error:
             raise ValueError(f"{argument}={text!r} does not fit the model: {error}") from None
-
-    def _apply_map(self, tying_map: TyingMap, argument: str) -> None:
-        if len(tying_map) != len(self.model.tied_blocks):
-            raise ValueError(
-                f"{argument}: the map has {len(tying_map)} entries but the model has {len(self.model.tied_blocks)} blocks"
-            )
-        self.model.retie(tying_map)
 
     def _agent_config(self) -> AgentConfig:
         args = self.args
