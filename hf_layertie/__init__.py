@@ -4,10 +4,11 @@ Importing the package registers the tied model types with the Auto classes and m
 `register_for_auto_class`, so that saved checkpoints also load with `trust_remote_code=True`.
 """
 
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+from transformers import AutoConfig
 
 from .models import (
     STRATEGY_NAMES,
+    TIED_MODELS,
     ParameterCounts,
     RetieReport,
     TiedBertConfig,
@@ -23,17 +24,15 @@ from .trainer import TyingTrainer, TyingTrainingArguments
 
 __version__ = "0.1.0"
 
-for _config_class, _model_class, _auto_class in (
-    (TiedGPT2Config, TiedGPT2LMHeadModel, AutoModelForCausalLM),
-    (TiedBertConfig, TiedBertForMaskedLM, AutoModelForMaskedLM),
-):
-    AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
-    _auto_class.register(_config_class, _model_class, exist_ok=True)
-    _config_class.register_for_auto_class()
+for _model_type, (_model_class, _auto_class) in TIED_MODELS.items():
+    AutoConfig.register(_model_type, _model_class.config_class, exist_ok=True)
+    _auto_class.register(_model_class.config_class, _model_class, exist_ok=True)
+    _model_class.config_class.register_for_auto_class()
     _model_class.register_for_auto_class(_auto_class.__name__)
 
 __all__ = [
     "STRATEGY_NAMES",
+    "TIED_MODELS",
     "ParameterCounts",
     "RetieReport",
     "TiedBertConfig",

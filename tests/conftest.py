@@ -1,4 +1,4 @@
-"""Shared test set-up: offline Hub, tiny model configs and the location of the shared data files."""
+"""Shared test set-up: offline Hub, tiny model configs, every tied model class, the shared data files."""
 
 import os
 
@@ -7,13 +7,30 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
+from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from hf_layertie import TiedBertConfig, TiedGPT2Config  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    BertConfig,
+    BertForMaskedLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedModel,
+)
+
+from hf_layertie import (  # noqa: E402
+    TiedBertConfig,
+    TiedBertForMaskedLM,
+    TiedGPT2Config,
+    TiedGPT2LMHeadModel,
+)
 
 # The test models are tiny: one intra-op thread is several times faster than two on a shared 2-core
 # machine, where spinning worker threads compete with the other processes.
@@ -33,7 +50,6 @@ TINY_BERT = dict(
     pad_token_id=0,
 )
 
-
 def make_tiny_gpt2_config(tying_map=None, num_blocks: int | None = None, **overrides) -> TiedGPT2Config:
     """A GPT-2 small enough to build, save and load in milliseconds; `num_blocks` defaults to the map's length."""
     num_blocks = num_blocks or (len(tying_map) if tying_map is not None else 4)
@@ -44,6 +60,54 @@ def make_tiny_bert_config(tying_map=None, num_blocks: int | None = None, **overr
     """A BERT small enough to build, save and load in milliseconds; `num_blocks` defaults to the map's length."""
     num_blocks = num_blocks or (len(tying_map) if tying_map is not None else 4)
     return TiedBertConfig(num_hidden_layers=num_blocks, **{**TINY_BERT, **overrides}, tying_map=tying_map)
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """One tied model class with everything the shared tests need to build, compare and reload it."""
+
+    name: str
+    tied_class: type[PreTrainedModel]
+    make_config: Callable
+    plain_class: type[PreTrainedModel]
+    plain_config: Callable[[int], object]
+    auto_class: type
+    blocks_path: str
+
+    @property
+    def causal(self) -> bool:
+        return self.auto_class is AutoModelForCausalLM
+
+    def tied_model(self, tying_map, seed: int = 0, **overrides) -> PreTrainedModel:
+        torch.manual_seed(seed)
+        return self.tied_class(self.make_config(tying_map, **overrides)).eval()
+
+    def plain_model(self, num_blocks: int, seed: int = 0) -> PreTrainedModel:
+        torch.manual_seed(seed)
+        return self.plain_class(self.plain_config(num_blocks)).eval()
+
+
+GPT2 = ModelKind(
+    "gpt2",
+    TiedGPT2LMHeadModel,
+    make_tiny_gpt2_config,
+    GPT2LMHeadModel,
+    lambda num_blocks: GPT2Config(n_layer=num_blocks, **TINY_GPT2),
+    AutoModelForCausalLM,
+    "transformer.h",
+)
+BERT = ModelKind(
+    "bert",
+    TiedBertForMaskedLM,
+    make_tiny_bert_config,
+    BertForMaskedLM,
+    lambda num_blocks: BertConfig(num_hidden_layers=num_blocks, **TINY_BERT),
+    AutoModelForMaskedLM,
+    "bert.encoder.layer",
+)
+# Every tied model class the package ships; tests parametrised over it cover a new class by adding it here.
+EVERY_KIND = (GPT2, BERT)
+every_kind = pytest.mark.parametrize("kind", EVERY_KIND, ids=lambda kind: kind.name)
 
 
 @pytest.fixture(scope="session")

@@ -1,86 +1,31 @@
-"""TiedGPT2LMHeadModel and TiedBertForMaskedLM: sharing, checkpoints, retie, accounting, loading, training.
+"""Every tied model class (GPT-2, BERT): sharing, checkpoints, retie, accounting,
+conversion of plain checkpoints, export to plain models, loading, generation, training.
 
-The properties run on random valid maps for both model classes; models are tiny (3-6 blocks, width 16).
+The properties run on random valid maps for every model class; models are tiny (3-6 blocks, width 16).
 """
 
+import copy
 import json
+import pickle
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_BERT, TINY_GPT2, make_tiny_bert_config, make_tiny_gpt2_config, raw_tying_maps
+from conftest import EVERY_KIND, GPT2, TINY_GPT2, ModelKind, every_kind, raw_tying_maps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForMaskedLM,
-    BertConfig,
-    BertForMaskedLM,
-    GPT2Config,
-    GPT2LMHeadModel,
-    PreTrainedModel,
-)
+from transformers import AutoConfig, PreTrainedModel
 
-from hf_layertie import (
-    TiedBertConfig,
-    TiedBertForMaskedLM,
-    TiedGPT2Config,
-    TiedGPT2LMHeadModel,
-    TyingMap,
-)
+from hf_layertie import TIED_MODELS, TiedGPT2LMHeadModel, TyingMap
 
 # Each example builds (and often saves and reloads) a model: about 0.1-0.4 s on one core.
 FEW = settings(max_examples=10, deadline=None)
 SOME = settings(max_examples=15, deadline=None)
-
-
-@dataclass(frozen=True)
-class ModelKind:
-    """One tied model class with everything the shared tests need to build, compare and reload it."""
-
-    name: str
-    tied_class: type[PreTrainedModel]
-    make_config: Callable
-    plain_class: type[PreTrainedModel]
-    plain_config: Callable[[int], object]
-    auto_class: type
-    blocks_path: str
-
-    def tied_model(self, tying_map, seed: int = 0, **overrides) -> PreTrainedModel:
-        torch.manual_seed(seed)
-        return self.tied_class(self.make_config(tying_map, **overrides)).eval()
-
-    def plain_model(self, num_blocks: int, seed: int = 0) -> PreTrainedModel:
-        torch.manual_seed(seed)
-        return self.plain_class(self.plain_config(num_blocks)).eval()
-
-
-GPT2 = ModelKind(
-    name="gpt2",
-    tied_class=TiedGPT2LMHeadModel,
-    make_config=make_tiny_gpt2_config,
-    plain_class=GPT2LMHeadModel,
-    plain_config=lambda num_blocks: GPT2Config(n_layer=num_blocks, **TINY_GPT2),
-    auto_class=AutoModelForCausalLM,
-    blocks_path="transformer.h",
-)
-BERT = ModelKind(
-    name="bert",
-    tied_class=TiedBertForMaskedLM,
-    make_config=make_tiny_bert_config,
-    plain_class=BertForMaskedLM,
-    plain_config=lambda num_blocks: BertConfig(num_hidden_layers=num_blocks, **TINY_BERT),
-    auto_class=AutoModelForMaskedLM,
-    blocks_path="bert.encoder.layer",
-)
-both_kinds = pytest.mark.parametrize("kind", [GPT2, BERT], ids=lambda kind: kind.name)
+causal_kinds = pytest.mark.parametrize("kind", [kind for kind in EVERY_KIND if kind.causal], ids=lambda kind: kind.name)
 
 INPUT_IDS = torch.randint(1, TINY_GPT2["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(0))
 
@@ -166,7 +111,7 @@ def plain_checkpoint(kind: ModelKind, num_blocks: int, directory: Path) -> dict[
 # --- sharing and checkpoints ---------------------------------------------------------------------
 
 
-@both_kinds
+@every_kind
 @SOME
 @given(entries=raw_tying_maps())
 def test_tied_blocks_hold_their_roots_parameter_objects(kind, entries):
@@ -178,7 +123,7 @@ def test_tied_blocks_hold_their_roots_parameter_objects(kind, entries):
     assert len({id(block) for block in blocks}) == len(entries), "every position keeps its own module"
 
 
-@both_kinds
+@every_kind
 @FEW
 @given(entries=raw_tying_maps())
 def test_save_and_load_gives_identical_logits_and_the_same_sharing(kind, entries, tmp_path_factory):
@@ -188,7 +133,7 @@ def test_save_and_load_gives_identical_logits_and_the_same_sharing(kind, entries
     assert_round_trips(model, tmp_path_factory.mktemp("checkpoint"))
 
 
-@both_kinds
+@every_kind
 @FEW
 @given(maps=map_pairs(different_num_distinct=True))
 def test_checkpoint_stores_each_distinct_block_once(kind, maps, tmp_path_factory):
@@ -212,7 +157,7 @@ def test_checkpoint_stores_each_distinct_block_once(kind, maps, tmp_path_factory
     assert sizes[fewer][1] < sizes[more][1]
 
 
-@both_kinds
+@every_kind
 @pytest.mark.parametrize(
     "entries",
     [
@@ -230,7 +175,7 @@ def test_block_1_ties_do_not_leak_into_blocks_10_and_11(kind, entries, tmp_path)
     assert saved_blocks - {None} == set(TyingMap(entries).independent_blocks)
 
 
-@both_kinds
+@every_kind
 def test_untied_word_embeddings_still_restore_block_ties(kind, tmp_path):
     # transformers returns no tied keys at all when tie_word_embeddings=False (platform facts).
     model = kind.tied_model([0, 0, 1, 3, 3], tie_word_embeddings=False)
@@ -245,10 +190,12 @@ def test_untied_word_embeddings_still_restore_block_ties(kind, tmp_path):
 # --- retie ---------------------------------------------------------------------------------------
 
 
-@both_kinds
+@every_kind
 @SOME
 @given(maps=map_pairs())
-def test_retie_reports_exactly_the_parameters_that_appeared_and_disappeared(kind, maps, tmp_path_factory):
+def test_retie_moves_parameters_where_it_can_and_each_group_starts_from_what_its_root_used(
+    kind, maps, tmp_path_factory
+):
     old_map, new_map = maps
     model = kind.tied_model(old_map)
     perturb_(model, seed=3)
@@ -267,20 +214,38 @@ def test_retie_reports_exactly_the_parameters_that_appeared_and_disappeared(kind
     assert len(report.added) == len({id(parameter) for parameter in report.added})
     assert {id(parameter) for parameter in report.copied_from} == {id(parameter) for parameter in report.added}
     assert_blocks_share_as(model, new_map)
-    for block in new_map.independent_blocks:
-        parameters = block_parameters(model, block)
-        if old_map.is_independent(block):  # kept: the same objects with the same values
-            for name, parameter in parameters.items():
-                assert parameter is parameters_before[block][name]
-                assert torch.equal(parameter, weights_before[block][name])
-        else:  # untied: fresh trainable Parameters holding its former root's current weights
-            for name, parameter in parameters.items():
+    # Old root s's objects go to the smallest new root r with old_map[r] == s; other such groups get copies.
+    keeper = {}
+    for root in new_map.independent_blocks:
+        keeper.setdefault(old_map[root], root)
+    for block, root in enumerate(new_map):
+        source = old_map[root]
+        for name, parameter in block_parameters(model, block).items():
+            assert torch.equal(parameter, weights_before[root][name]), f"block {block} {name}"
+            if keeper[source] == root:
+                assert parameter is parameters_before[source][name], f"block {block} {name} was copied, not moved"
+            else:
                 assert id(parameter) not in before
-                assert report.copied_from[parameter] is parameters_before[block][name]
+                assert report.copied_from[parameter] is parameters_before[source][name]
                 assert parameter.requires_grad
-                assert torch.equal(parameter, weights_before[block][name])
+    gone = set(old_map.independent_blocks) - keeper.keys()
+    assert len(report.removed) == len(gone) * len(parameters_before[0])
 
     assert_round_trips(model, tmp_path_factory.mktemp("retied"))
+
+
+def test_tying_a_root_elsewhere_moves_its_weights_to_the_rest_of_its_group():
+    # The agent's decision "tie block 1 to block 0": blocks 2 and 3 stay together and keep computing as before.
+    model = GPT2.tied_model([0, 1, 1, 1])
+    perturb_(model, seed=5)
+    weights_of_block_1 = block_parameters(model, 1)
+
+    report = model.retie([0, 0, 2, 2])
+
+    assert report.added == [] and report.removed == [] and report.copied_from == {}
+    for block in (2, 3):
+        assert block_parameters(model, block) == weights_of_block_1
+    assert block_parameters(model, 1) == block_parameters(model, 0)
 
 
 def test_untie_copies_the_current_weights_into_fresh_storage():
@@ -329,14 +294,14 @@ INVALID_MAPS = [
 ]
 
 
-@both_kinds
+@every_kind
 @pytest.mark.parametrize(("entries", "message"), INVALID_MAPS)
 def test_config_rejects_an_invalid_map(kind, entries, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         kind.make_config(entries, num_blocks=4)
 
 
-@both_kinds
+@every_kind
 @pytest.mark.parametrize(("entries", "message"), INVALID_MAPS)
 def test_loading_a_checkpoint_with_a_hand_edited_invalid_map_fails_clearly(kind, entries, message, tmp_path):
     kind.tied_model([0, 0, 2, 0]).save_pretrained(tmp_path)
@@ -350,7 +315,7 @@ def test_loading_a_checkpoint_with_a_hand_edited_invalid_map_fails_clearly(kind,
             load(tmp_path)
 
 
-@both_kinds
+@every_kind
 def test_config_keeps_no_map_as_none_and_stores_maps_canonically(kind):
     config = kind.make_config(None, num_blocks=5)
     assert config.tying_map is None
@@ -366,7 +331,7 @@ def test_config_keeps_no_map_as_none_and_stores_maps_canonically(kind):
         config.tying_map = [0, 1, 7, 2]
 
 
-@both_kinds
+@every_kind
 def test_a_map_passed_to_from_pretrained_is_validated_and_stored_canonically(kind, tmp_path):
     kind.tied_model([0, 1, 2, 3]).save_pretrained(tmp_path)
 
@@ -383,7 +348,7 @@ def test_a_map_passed_to_from_pretrained_is_validated_and_stored_canonically(kin
 # --- parameter accounting ------------------------------------------------------------------------
 
 
-@both_kinds
+@every_kind
 @SOME
 @given(entries=raw_tying_maps())
 def test_parameter_counts_count_each_distinct_parameter_once(kind, entries):
@@ -415,10 +380,10 @@ def test_trainable_count_leaves_out_frozen_parameters():
     assert counts.trainable == counts.total - model.get_input_embeddings().weight.numel()
 
 
-# --- loading plain transformers checkpoints ------------------------------------------------------
+# --- converting checkpoints: plain ones, and tied ones loaded with another map ---------------------
 
 
-@both_kinds
+@every_kind
 @FEW
 @given(entries=raw_tying_maps())
 def test_plain_checkpoint_loads_with_each_tied_block_taking_its_roots_weights(kind, entries, tmp_path_factory):
@@ -443,13 +408,191 @@ def test_plain_checkpoint_loads_with_each_tied_block_taking_its_roots_weights(ki
         assert torch.equal(logits(tied), logits(plain))
 
 
+@every_kind
+@FEW
+@given(entries=raw_tying_maps())
+def test_plain_checkpoint_converted_with_tie_init_mean_starts_each_group_from_its_average(
+    kind, entries, tmp_path_factory
+):
+    directory = tmp_path_factory.mktemp("plain")
+    plain = kind.plain_model(len(entries), seed=5)
+    perturb_(plain, seed=6)
+    plain.save_pretrained(directory)
+
+    tied = load_cleanly(kind.tied_class, directory, tying_map=entries, tie_init="mean")
+
+    tying_map = TyingMap(entries)
+    assert_blocks_share_as(tied, tying_map)
+    assert tied.config.tie_init == "mean"
+    plain_blocks = plain.get_submodule(kind.blocks_path)
+    for root, members in tying_map.groups().items():
+        for name, parameter in block_parameters(tied, root).items():
+            average = torch.stack([plain_blocks[member].get_parameter(name) for member in members]).mean(dim=0)
+            torch.testing.assert_close(parameter, average, rtol=0, atol=1e-6, msg=f"group {root} {name}")
+
+
+@every_kind
+@FEW
+@given(maps=map_pairs())
+def test_a_tied_checkpoint_loaded_with_another_map_starts_each_group_from_what_its_root_used(
+    kind, maps, tmp_path_factory
+):
+    # Newly independent blocks take the weights they used in the checkpoint instead of a random initialisation.
+    saved_map, loaded_map = maps
+    directory = tmp_path_factory.mktemp("tied")
+    saved = kind.tied_model(saved_map)
+    perturb_(saved, seed=9)
+    saved.save_pretrained(directory)
+
+    loaded = load_cleanly(kind.tied_class, directory, tying_map=loaded_map.to_list())
+
+    assert_blocks_share_as(loaded, loaded_map)
+    for block, root in enumerate(loaded_map):
+        for name, parameter in block_parameters(loaded, block).items():
+            assert torch.equal(parameter, block_parameters(saved, root)[name]), f"block {block} {name}"
+    finer = all(saved_map[block] == saved_map[root] for block, root in enumerate(loaded_map))
+    if finer:  # every new group lies inside a saved one: every block computes what it computed
+        assert torch.equal(logits(loaded), logits(saved))
+
+
+@every_kind
+def test_a_checkpoint_loaded_with_a_less_tied_map_by_the_auto_class_keeps_its_logits(kind, tmp_path):
+    saved = kind.tied_model([0, 0, 0, 3])
+    perturb_(saved, seed=10)
+    saved.save_pretrained(tmp_path)
+
+    loaded = load_cleanly(kind.auto_class, tmp_path, tying_map=[0, 1, 1, 3])
+
+    assert_blocks_share_as(loaded, [0, 1, 1, 3])
+    assert torch.equal(logits(loaded), logits(saved))
+    assert json.loads((tmp_path / "config.json").read_text())["tying_map"] == [0, 0, 0, 3]
+
+
+def test_tie_init_mean_on_a_tied_checkpoint_weights_each_block_by_what_it_used(tmp_path):
+    saved = GPT2.tied_model([0, 0, 0, 3])
+    perturb_(saved, seed=11)
+    saved.save_pretrained(tmp_path)
+
+    loaded = load_cleanly(GPT2.tied_class, tmp_path, tying_map=[0, 0, 0, 0], tie_init="mean")
+
+    for name, parameter in block_parameters(loaded, 0).items():
+        expected = (3 * block_parameters(saved, 0)[name] + block_parameters(saved, 3)[name]) / 4
+        torch.testing.assert_close(parameter, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("value", ["average", None, 1])
+def test_config_rejects_an_unknown_tie_init(value):
+    with pytest.raises(ValueError, match=rf"tie_init must be one of \('root', 'mean'\), got {re.escape(repr(value))}"):
+        GPT2.make_config([0, 0], tie_init=value)
+
+
+# --- exporting plain transformers models ---------------------------------------------------------
+
+
+@every_kind
+@FEW
+@given(entries=raw_tying_maps())
+def test_to_untied_gives_the_plain_class_with_a_copy_per_block_and_the_same_logits(kind, entries, tmp_path_factory):
+    model = kind.tied_model(entries)
+    perturb_(model, seed=12)
+
+    plain = model.to_untied()
+
+    assert type(plain) is kind.plain_class
+    assert not plain.training
+    blocks = plain.get_submodule(kind.blocks_path)
+    storages = [parameter.data_ptr() for block in blocks for parameter in block.parameters()]
+    assert len(storages) == len(set(storages)) == len(entries) * len(block_parameters(model, 0))
+    for block, root in enumerate(TyingMap(entries)):
+        for name, parameter in blocks[block].named_parameters():
+            assert torch.equal(parameter, block_parameters(model, root)[name])
+    assert torch.equal(logits(plain), logits(model))
+    assert_blocks_share_as(model, entries)  # the tied model is left as it was
+
+    directory = tmp_path_factory.mktemp("untied")
+    plain.save_pretrained(directory)
+    config = json.loads((directory / "config.json").read_text())
+    assert config["model_type"] == kind.name and config["architectures"] == [kind.plain_class.__name__]
+    assert not {"tying_map", "tie_init", "auto_map"} & config.keys()
+    assert load_file(directory / "model.safetensors").keys() == plain_checkpoint(
+        kind, len(entries), tmp_path_factory.getbasetemp()
+    ).keys()
+    assert torch.equal(logits(load_cleanly(kind.plain_class, directory)), logits(model))
+
+
+# --- the map belongs to the model once it is built -----------------------------------------------
+
+
+@every_kind
+def test_assigning_the_map_of_a_built_model_is_refused_and_changes_nothing(kind, tmp_path):
+    model = kind.tied_model([0, 0, 2, 2])
+    perturb_(model, seed=13)
+    expected = logits(model)
+
+    for assign in (
+        lambda: setattr(model.config, "tying_map", [0, 0, 0, 0]),
+        lambda: model.config.update({"tying_map": [0, 1, 2, 3]}),
+        lambda: model.config.update_from_string("tying_map=0"),
+    ):
+        with pytest.raises(ValueError, match=re.escape("Call model.retie(new_map) instead")):
+            assign()
+
+    assert_blocks_share_as(model, [0, 0, 2, 2])
+    model.save_pretrained(tmp_path)
+    assert torch.equal(logits(load_cleanly(kind.tied_class, tmp_path)), expected)
+
+
+def test_retie_updates_the_config_and_only_configs_no_model_is_built_on_accept_a_map():
+    config = GPT2.make_config([0, 0, 2, 2])
+    config.tying_map = [0, 1, 2, 2]  # not built on yet
+    model = GPT2.tied_class(config)
+
+    model.retie([0, 0, 0, 3])
+    assert config.tying_map == [0, 0, 0, 3]
+
+    detached = copy.deepcopy(config)
+    detached.tying_map = [0, 1, 2, 3]
+    assert model.config.tying_map == [0, 0, 0, 3]
+    assert_blocks_share_as(model, [0, 0, 0, 3])
+    with pytest.raises(ValueError, match=r"this config already drives a TiedGPT2LMHeadModel.*copy\.deepcopy"):
+        GPT2.tied_class(config)
+
+
+def test_a_copied_or_pickled_model_owns_its_own_config():
+    model = GPT2.tied_model([0, 0, 2, 2])
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert clone.config is not model.config
+        with pytest.raises(ValueError, match="Call model.retie"):
+            clone.config.tying_map = [0, 1, 2, 3]
+        clone.retie([0, 1, 2, 3])
+        assert_blocks_share_as(clone, [0, 1, 2, 3])
+        assert_blocks_share_as(model, [0, 0, 2, 2])
+
+
+def test_the_binding_stays_out_of_serialisation_and_comparisons(tmp_path):
+    model = GPT2.tied_model([0, 0, 2, 2])
+    unbound = GPT2.make_config([0, 0, 2, 2])
+    bound = model.config
+
+    assert bound.to_dict() == unbound.to_dict()
+    assert bound == unbound == copy.deepcopy(bound) == pickle.loads(pickle.dumps(bound))
+    copy.deepcopy(bound).tying_map = [0, 1, 2, 3]
+    pickle.loads(pickle.dumps(bound)).tying_map = [0, 1, 2, 3]
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["tying_map"] == [0, 0, 2, 2]
+    loaded_config = AutoConfig.from_pretrained(tmp_path, tying_map=[0, 1, 2, 3])
+    assert loaded_config.to_dict() == AutoConfig.from_pretrained(tmp_path, tying_map=[0, 1, 2, 3]).to_dict()
+    assert "_saved_tying_map" not in json.dumps(loaded_config.to_dict())
+
+
 # --- generation ----------------------------------------------------------------------------------
 
 
+@causal_kinds
 @pytest.mark.parametrize("entries", [[0, 0, 0, 0], [0, 1, 0, 1], [0, 0, 2, 2], [0, 1, 2, 3]])
-def test_generate_gives_the_same_tokens_with_and_without_kv_cache(tiny_gpt2_config, entries):
-    torch.manual_seed(0)
-    model = TiedGPT2LMHeadModel(tiny_gpt2_config(entries)).eval()
+def test_generate_gives_the_same_tokens_with_and_without_kv_cache(kind, entries):
+    # Every position keeps its own module, so its KV cache slot (layer_idx) stays right.
+    model = kind.tied_model(entries)
     perturb_(model, seed=7)
     prompt = INPUT_IDS[:, :5]
 
@@ -466,17 +609,21 @@ def test_generate_gives_the_same_tokens_with_and_without_kv_cache(tiny_gpt2_conf
 # --- Auto classes --------------------------------------------------------------------------------
 
 
-def test_auto_classes_build_the_tied_classes(tiny_gpt2_config, tiny_bert_config):
-    gpt2_config = AutoConfig.for_model("tied_gpt2", n_layer=3, tying_map=[0, 0, 1])
-    bert_config = AutoConfig.for_model("tied_bert", num_hidden_layers=3, tying_map=[0, 1, 1])
-
-    assert type(gpt2_config) is TiedGPT2Config and gpt2_config.tying_map == [0, 0, 0]
-    assert type(bert_config) is TiedBertConfig and bert_config.tying_map == [0, 1, 1]
-    assert type(AutoModelForCausalLM.from_config(tiny_gpt2_config([0, 0, 1]))) is TiedGPT2LMHeadModel
-    assert type(AutoModelForMaskedLM.from_config(tiny_bert_config([0, 0, 2]))) is TiedBertForMaskedLM
+def test_every_tied_model_class_is_covered_by_these_tests():
+    assert {kind.tied_class for kind in EVERY_KIND} == {model_class for model_class, _ in TIED_MODELS.values()}
 
 
-@both_kinds
+@every_kind
+def test_auto_classes_build_the_tied_classes(kind):
+    config = AutoConfig.for_model(kind.tied_class.config_class.model_type, num_hidden_layers=4, tying_map=[0, 0, 1, 3])
+    assert type(config) is kind.tied_class.config_class and config.tying_map == [0, 0, 0, 3]
+
+    model = kind.auto_class.from_config(kind.make_config([0, 0, 1, 3]))
+    assert type(model) is kind.tied_class
+    assert_blocks_share_as(model, [0, 0, 0, 3])
+
+
+@every_kind
 def test_auto_classes_load_a_saved_tied_checkpoint(kind, tmp_path):
     model = kind.tied_model([0, 1, 0, 1])
     perturb_(model, seed=8)

@@ -1,16 +1,29 @@
 """Tied model classes. Kept in one flat folder with relative imports only: transformers copies these
 files next to a saved checkpoint, which then loads with `trust_remote_code=True` without this package."""
 
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
 from .configuration_tied_bert import TiedBertConfig
 from .configuration_tied_gpt2 import TiedGPT2Config
 from .modeling_tied_bert import TiedBertForMaskedLM
 from .modeling_tied_gpt2 import TiedGPT2LMHeadModel
 from .tied_blocks import ParameterCounts, RetieReport, TiedBlocksMixin
+from .tying_config import TyingConfigMixin
 from .tying_map import TyingMap
 from .tying_strategies import STRATEGY_NAMES, check_strategy_spec, parse_strategy, resolve_tying_map
 
+# Every tied model class by `model_type` ("tied_llama", ...), with the Auto class it registers for.
+TIED_MODELS = {
+    model_class.config_class.model_type: (model_class, auto_class)
+    for model_class, auto_class in (
+        (TiedGPT2LMHeadModel, AutoModelForCausalLM),
+        (TiedBertForMaskedLM, AutoModelForMaskedLM),
+    )
+}
+
 __all__ = [
     "STRATEGY_NAMES",
+    "TIED_MODELS",
     "ParameterCounts",
     "RetieReport",
     "TiedBertConfig",
@@ -18,6 +31,7 @@ __all__ = [
     "TiedBlocksMixin",
     "TiedGPT2Config",
     "TiedGPT2LMHeadModel",
+    "TyingConfigMixin",
     "TyingMap",
     "check_strategy_spec",
     "parse_strategy",

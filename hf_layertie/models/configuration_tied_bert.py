@@ -2,23 +2,19 @@
 
 from transformers import BertConfig
 
-from .tying_map import TyingConfigMixin
+from .tying_config import TyingConfigMixin
 
 
 class TiedBertConfig(TyingConfigMixin, BertConfig):
     r"""
-    [`BertConfig`] with a tying map. Every BERT field keeps its meaning; one field is added:
-
-    tying_map (`list[int]`, *optional*):
-        `tying_map[i] = j` makes encoder layer `i` use layer `j`'s weights (`j <= i`; `j == i`:
-        independent; layer 0 is always independent). Stored in canonical form. `None` means every
-        layer is independent. Invalid maps raise `ValueError` naming the index, the value and the
-        rule broken.
+    [`BertConfig`] with a tying map over the encoder layers `bert.encoder.layer`. Every BERT field keeps its
+    meaning; two are added, `tying_map` and `tie_init` (documented in [`TyingConfigMixin`]).
     """
 
     model_type = "tied_bert"
 
     tying_map: list | None = None
+    tie_init: str = "root"
 
 
 __all__ = ["TiedBertConfig"]

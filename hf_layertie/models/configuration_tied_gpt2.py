@@ -2,18 +2,13 @@
 
 from transformers import GPT2Config
 
-from .tying_map import TyingConfigMixin
+from .tying_config import TyingConfigMixin
 
 
 class TiedGPT2Config(TyingConfigMixin, GPT2Config):
     r"""
-    [`GPT2Config`] with a tying map. Every GPT-2 field keeps its meaning; one field is added:
-
-    tying_map (`list[int]`, *optional*):
-        `tying_map[i] = j` makes block `i` use block `j`'s weights (`j <= i`; `j == i`: independent;
-        block 0 is always independent). Stored in canonical form (chains resolved to the block that
-        owns the weights). `None` means every block is independent. Invalid maps raise `ValueError`
-        naming the index, the value and the rule broken.
+    [`GPT2Config`] with a tying map over the blocks `transformer.h`. Every GPT-2 field keeps its meaning; two
+    are added, `tying_map` and `tie_init` (documented in [`TyingConfigMixin`]).
 
     Example:
 
@@ -29,6 +24,7 @@ class TiedGPT2Config(TyingConfigMixin, GPT2Config):
     model_type = "tied_gpt2"
 
     tying_map: list | None = None
+    tie_init: str = "root"
 
 
 __all__ = ["TiedGPT2Config"]

@@ -7,10 +7,10 @@ Why this design (measured on transformers 5 / torch 2.13, see the README's desig
   weight once; aliasing separate Parameters onto one storage saves nothing but the weights and
   steps the storage once per alias.
 - Every position keeps its own module (only the Parameters are shared), so per-layer attributes
-  such as GPT-2's `layer_idx`, which indexes the KV cache, stay right.
-- Untying gives the block a fresh copy of its source's *current* weights, so it continues from
-  where the shared weights are rather than from a stale snapshot.
-- The ties are declared to transformers through `get_expanded_tied_weights_keys`, so
+  such as `layer_idx`, which indexes the KV cache, or Qwen2's per-layer attention type stay right.
+- A re-tie moves Parameters rather than copying them wherever it can (see `retie`), and a block that
+  gets weights of its own starts from a fresh copy of the *current* weights it used.
+- The ties are declared to transformers (`_tied_weights_keys`, `all_tied_weights_keys`), so
   `save_pretrained` writes each shared tensor once and `from_pretrained` restores the sharing.
 
 Like `tying_map.py`, this file only uses relative imports: it is copied next to checkpoints.
@@ -18,20 +18,27 @@ Like `tying_map.py`, this file only uses relative imports: it is copied next to 
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
+from transformers import PreTrainedModel
 
+from .tying_config import TYING_FIELDS
 from .tying_map import TyingMap
+
+# Config keys that name the tied classes; a plain config (`to_untied`) leaves them out with the tying fields.
+_TIED_CLASS_KEYS = ("model_type", "architectures", "auto_map", "transformers_version")
 
 
 @dataclass
 class RetieReport:
     """What `TiedBlocksMixin.retie` changed: the trainer adds `added` to and drops `removed` from the optimizer.
 
-    `copied_from[new]` is the Parameter an untied block's fresh Parameter was copied from, so that
-    optimizer state and parameter groups can follow the weights.
+    `copied_from[new]` is the Parameter a fresh Parameter was copied from, so that optimizer state and
+    parameter groups can follow the weights. Parameters that only moved to another block are in neither list.
     """
 
     old_map: TyingMap
@@ -56,40 +63,62 @@ class ParameterCounts:
     rest: int
 
 
-def _share_parameters(target: nn.Module, source: nn.Module) -> None:
-    """Make every Parameter of `target` the same object as the matching one of `source`."""
-    for (target_name, target_module), (_, source_module) in zip(target.named_modules(), source.named_modules()):
-        for name, parameter in source_module._parameters.items():
-            if name not in target_module._parameters:
-                raise ValueError(f"cannot tie: {target_name or 'block'} has no parameter {name!r} to share")
-            target_module._parameters[name] = parameter
+def _block_parameters(block: nn.Module) -> dict[str, nn.Parameter]:
+    """The Parameters `block` computes with, by name within the block."""
+    return {
+        f"{module_name}.{name}" if module_name else name: parameter
+        for module_name, module in block.named_modules()
+        for name, parameter in module._parameters.items()
+        if parameter is not None
+    }
 
 
-def _give_own_parameters(block: nn.Module) -> dict[nn.Parameter, nn.Parameter]:
-    """Replace every Parameter of `block` by a fresh copy of its current value (an untie).
+def _use_parameters(block: nn.Module, parameters: dict[str, nn.Parameter]) -> None:
+    """Make `block` compute with `parameters` (the very objects; names as `_block_parameters` gives them)."""
+    for module_name, module in block.named_modules():
+        for name in [name for name, parameter in module._parameters.items() if parameter is not None]:
+            key = f"{module_name}.{name}" if module_name else name
+            if key not in parameters:
+                raise ValueError(f"cannot tie: the source block has no parameter {key!r} to share")
+            module._parameters[name] = parameters[key]
 
-    Returns `{fresh: copied_from}`.
-    """
-    copied_from = {}
-    for module in block.modules():
-        for name, parameter in module._parameters.items():
-            if parameter is not None:
-                fresh = nn.Parameter(parameter.detach().clone(), requires_grad=parameter.requires_grad)
-                module._parameters[name] = fresh
-                copied_from[fresh] = parameter
-    return copied_from
+
+def _fresh_copy(parameter: nn.Parameter) -> nn.Parameter:
+    return nn.Parameter(parameter.detach().clone(), requires_grad=parameter.requires_grad)
+
+
+def _mean(parameters: list[nn.Parameter]) -> nn.Parameter:
+    stacked = torch.stack([parameter.detach() for parameter in parameters])
+    return nn.Parameter(stacked.mean(dim=0, dtype=torch.float32).to(stacked.dtype), requires_grad=parameters[0].requires_grad)
 
 
 class TiedBlocksMixin:
     """Adds cross-layer weight tying to a `PreTrainedModel` whose blocks live in an `nn.ModuleList`.
 
-    Subclasses set `tied_blocks_path` (e.g. `"transformer.h"`) and a config class mixing in
-    `TyingConfigMixin`. The map in `config.tying_map` is the single source of truth: it is applied
-    whenever transformers ties weights (at construction and at the end of `from_pretrained`), and
-    `retie` updates it together with the modules.
+    A tied model class is this mixin, the transformers class and two attributes:
+
+    ```python
+    class TiedLlamaForCausalLM(TiedBlocksMixin, LlamaForCausalLM):
+        config_class = TiedLlamaConfig  # TyingConfigMixin + LlamaConfig
+        tied_blocks_path = "model.layers"
+    ```
+
+    The map in `config.tying_map` is the single source of truth: it is applied whenever transformers ties
+    weights (at construction and at the end of `from_pretrained`), and only `retie` changes it afterwards.
     """
 
     tied_blocks_path: str
+
+    def __init__(self, config, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        config._bind(self)
+        # The map the weights about to be loaded were saved with, when `from_pretrained` was asked for another.
+        self._saved_tying_map = config._take_saved_tying_map()
+
+    def __setstate__(self, state):
+        # A copied or unpickled model drives its (copied, unbound) config again.
+        super().__setstate__(state)
+        self.config._bind(self)
 
     @property
     def tied_blocks(self) -> nn.ModuleList:
@@ -100,70 +129,134 @@ class TiedBlocksMixin:
         return TyingMap(self.config.tying.entries, num_blocks=len(self.tied_blocks))
 
     def retie(self, new_map) -> RetieReport:
-        """Apply `new_map` in place and report which Parameters appeared and which disappeared.
+        """Apply `new_map` in place; accepts a `TyingMap` or a list. Any map may follow any other.
 
-        Blocks that become independent get a fresh copy of the weights they used until now; blocks
-        that become tied share their source's Parameters. Accepts a `TyingMap` or a list.
+        Every block keeps computing what it computed unless its source changes. The group of each new root `r`
+        starts from the weights block `r` used before (those of `s = old_map[r]`), and Parameters move rather
+        than being copied where they can: old root `s`'s objects stay with `s` if it is still a root, else go to
+        the group with the smallest root `r` such that `old_map[r] == s`; any other group starting from `s`
+        gets fresh copies (reported in `added` and `copied_from`), and objects no group starts from disappear
+        (`removed`). A move changes the order of `named_parameters()`.
         """
         old_map = self.tying_map
         new_map = TyingMap(new_map, num_blocks=len(self.tied_blocks))
-        before = {id(parameter): parameter for parameter in self.parameters()}
-        copied_from = {}
-        for block in new_map.independent_blocks:
-            if not old_map.is_independent(block):
-                copied_from.update(_give_own_parameters(self.tied_blocks[block]))
-        self.config.tying_map = new_map.to_list()
-        self._share_tied_blocks()
-        self.all_tied_weights_keys = self.get_expanded_tied_weights_keys(all_submodels=True)
-        after = {id(parameter): parameter for parameter in self.parameters()}
+        owned = {root: _block_parameters(self.tied_blocks[root]) for root in old_map.independent_blocks}
+        copied_from, kept = self._regroup(new_map, owned, {root: [old_map[root]] for root in new_map.independent_blocks})
+        self.config._set_tying_map_of_model(new_map)
+        self._declare_block_ties()
         return RetieReport(
             old_map=old_map,
             new_map=new_map,
-            added=[parameter for key, parameter in after.items() if key not in before],
-            removed=[parameter for key, parameter in before.items() if key not in after],
+            added=list(copied_from),
+            removed=[parameter for root in owned if root not in kept for parameter in owned[root].values()],
             copied_from=copied_from,
         )
 
-    def _share_tied_blocks(self) -> None:
-        blocks = self.tied_blocks
-        for block, root in enumerate(self.tying_map):
-            if root != block:
-                _share_parameters(blocks[block], blocks[root])
+    def _regroup(
+        self, new_map: TyingMap, owned: dict[int, dict[str, nn.Parameter]], sources: dict[int, list[int]]
+    ) -> tuple[dict[nn.Parameter, nn.Parameter], set[int]]:
+        """Give every group of `new_map` the weights it starts from; return `({fresh copy: source}, kept)`.
+
+        `owned[s]` are the Parameters block `s` held before; group `r` starts from `owned[s]` for `s` in
+        `sources[r]` (their mean when several differ). `owned[s]`'s objects go to the first group (smallest root)
+        that starts from `s` alone, and `kept` lists those `s`; other groups get copies. A group without sources
+        keeps its root's Parameters.
+        """
+        keeper = {}
+        for root in new_map.independent_blocks:
+            if len(set(sources[root])) == 1:
+                keeper.setdefault(sources[root][0], root)
+        copied_from = {}
+        for root, members in new_map.groups().items():
+            chosen = sorted(set(sources[root]))
+            if not chosen:
+                parameters = _block_parameters(self.tied_blocks[root])
+            elif len(chosen) > 1:
+                parameters = {
+                    name: _mean([owned[source][name] for source in sources[root]]) for name in owned[chosen[0]]
+                }
+            elif keeper[chosen[0]] == root:
+                parameters = owned[chosen[0]]
+            else:
+                parameters = {name: _fresh_copy(parameter) for name, parameter in owned[chosen[0]].items()}
+                copied_from.update(zip(parameters.values(), owned[chosen[0]].values()))
+            for member in members:
+                _use_parameters(self.tied_blocks[member], parameters)
+        return copied_from, set(keeper)
 
     def tie_weights(self, missing_keys: set[str] | None = None, recompute_mapping: bool = True):
-        # Share first: tied blocks of a plain (untied) checkpoint then take their source's weights,
-        # and transformers' own tying sees the block pairs as already equal.
-        self._share_tied_blocks()
+        # transformers ties every block pair declared in `all_tied_weights_keys` (and leaves them apart while
+        # `from_pretrained` loads). At the end of loading, the only call with `missing_keys`, each group first gets
+        # the weights `tie_init` picks, so that transformers finds the pairs of a plain checkpoint equal.
+        if missing_keys is not None:
+            self._start_from_checkpoint(missing_keys)
         super().tie_weights(missing_keys=missing_keys, recompute_mapping=recompute_mapping)
+
+    def _start_from_checkpoint(self, missing_keys: set[str]) -> None:
+        """Give each tie group the weights `config.tie_init` picks from a just-loaded checkpoint.
+
+        Block `b` used its own weights if the checkpoint holds them, else those of its root in the map the
+        checkpoint was saved with. Blocks of a group that get weights this way are no longer missing.
+        """
+        prefix = f"{self.tied_blocks_path}."
+        absent = {int(key[len(prefix) :].split(".")[0]) for key in missing_keys if key.startswith(prefix)}
+        saved_map, self._saved_tying_map = self._saved_tying_map, None
+        if saved_map is None or len(saved_map) != len(self.tied_blocks):
+            saved_map = self.tying_map
+        used = [block if block not in absent else saved_map[block] for block in range(len(saved_map))]
+        owned = {block: _block_parameters(self.tied_blocks[block]) for block in set(used) - absent}
+        tying_map = self.tying_map
+        averaged = self.config.tie_init == "mean"
+        sources = {
+            root: [used[block] for block in (members if averaged else [root]) if used[block] in owned]
+            for root, members in tying_map.groups().items()
+        }
+        self._regroup(tying_map, owned, sources)
+        for root, members in tying_map.groups().items():
+            if sources[root]:
+                names = _block_parameters(self.tied_blocks[root])
+                missing_keys.difference_update(f"{prefix}{member}.{name}" for member in members for name in names)
 
     @property
     def _tied_weights_keys(self) -> dict[str, str]:
-        """The class's own ties (embeddings) plus the block ties, as escaped patterns.
+        """The class's own ties (embeddings) plus one escaped prefix pattern per tied block.
 
-        `save_pretrained` matches these with `re.search` to drop duplicates; escaping keeps
+        `save_pretrained` matches these with `re.search` to drop duplicates; escaping and the final dot keep
         `transformer.h.1.` from matching blocks 10 and 11.
         """
-        block_keys = {re.escape(target): re.escape(source) for target, source in self._tied_block_parameter_names().items()}
+        path = self.tied_blocks_path
+        block_keys = {
+            re.escape(f"{path}.{block}."): re.escape(f"{path}.{root}.")
+            for block, root in enumerate(self.tying_map)
+            if root != block
+        }
         return {**(super()._tied_weights_keys or {}), **block_keys}
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
         """transformers' `{target: source}` names, plus one entry per Parameter of every tied block.
 
-        Added even when `tie_word_embeddings=False`, where transformers would return `{}` and the
-        block ties would be lost on load.
+        Built from the map without transformers' regex expansion (slow for hundreds of names). Block ties are
+        added even when `tie_word_embeddings=False`, where transformers would return `{}` and the block ties
+        would be lost on load. The class's own ties are parameter names in every tied class.
         """
-        expanded = super().get_expanded_tied_weights_keys(all_submodels=all_submodels)
-        if not all_submodels:
-            expanded.update(self._tied_block_parameter_names())
-        return expanded
+        if all_submodels:
+            return super().get_expanded_tied_weights_keys(all_submodels=True)
+        own = super()._tied_weights_keys if getattr(self.config, "tie_word_embeddings", False) else None
+        return {**(own or {}), **self._tied_block_parameter_names()}
+
+    def _declare_block_ties(self) -> None:
+        """Bring `all_tied_weights_keys` in step with the map, keeping transformers' own (embedding) entries."""
+        prefix = f"{self.tied_blocks_path}."
+        kept = {target: source for target, source in self.all_tied_weights_keys.items() if not target.startswith(prefix)}
+        self.all_tied_weights_keys = {**kept, **self._tied_block_parameter_names()}
 
     def _tied_block_parameter_names(self) -> dict[str, str]:
+        path, blocks = self.tied_blocks_path, self.tied_blocks
         names = {}
-        blocks = self.tied_blocks
         for block, root in enumerate(self.tying_map):
             if root != block:
-                for name, _ in blocks[root].named_parameters():
-                    names[f"{self.tied_blocks_path}.{block}.{name}"] = f"{self.tied_blocks_path}.{root}.{name}"
+                for name in _block_parameters(blocks[root]):
+                    names[f"{path}.{block}.{name}"] = f"{path}.{root}.{name}"
         return names
 
     def _adjust_bias(self, output_embeddings, input_embeddings):
@@ -171,6 +264,24 @@ class TiedBlocksMixin:
         # GPT-2's Conv1D this truncates `c_attn.bias`. Only the real output embedding needs it.
         if output_embeddings is self.get_output_embeddings():
             super()._adjust_bias(output_embeddings, input_embeddings)
+
+    def to_untied(self) -> PreTrainedModel:
+        """The equivalent plain transformers model (e.g. `LlamaForCausalLM`): every block owns a copy of its weights.
+
+        Its `save_pretrained` writes a checkpoint that stock transformers, and tools built on it (vLLM,
+        llama.cpp's converter), load without hf-layertie or remote code, with the same logits.
+        """
+        plain_class = next(
+            base for base in type(self).__mro__[1:] if issubclass(base, PreTrainedModel) and not issubclass(base, TiedBlocksMixin)
+        )
+        config_dict = {
+            key: value for key, value in self.config.to_dict().items() if key not in TYING_FIELDS + _TIED_CLASS_KEYS
+        }
+        plain = plain_class(plain_class.config_class.from_dict(config_dict)).to(device=self.device, dtype=self.dtype)
+        plain.load_state_dict(self.state_dict())
+        if self.can_generate():
+            plain.generation_config = copy.deepcopy(self.generation_config)
+        return plain.train(self.training)
 
     def parameter_counts(self) -> ParameterCounts:
         """Total and trainable parameters, split into embeddings, blocks and the rest."""

@@ -122,30 +122,3 @@ class TyingMap(Sequence):
     def to_list(self) -> list[int]:
         return list(self.entries)
 
-
-class TyingConfigMixin:
-    """Validates `tying_map` for the tied model configs (`TiedGPT2Config`, `TiedBertConfig`).
-
-    `tying_map = None` means every block is independent; it stays `None` so that changing the
-    number of layers (e.g. with `--config_overrides`) needs no second edit. A given map is validated
-    against `num_hidden_layers` and stored in canonical form.
-    """
-
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        if self.tying_map is not None:
-            self.tying_map = TyingMap(self.tying_map, num_blocks=self.num_hidden_layers).to_list()
-
-    def __setattr__(self, key, value):
-        # Maps set on a built config (`from_pretrained(path, tying_map=...)` assigns its kwargs that
-        # way) are validated and made canonical too; the length is checked when a model applies them.
-        if key == "tying_map" and value is not None:
-            value = TyingMap(value).to_list()
-        super().__setattr__(key, value)
-
-    @property
-    def tying(self) -> TyingMap:
-        """The map as a `TyingMap` (independent blocks when `tying_map` is `None`)."""
-        if self.tying_map is None:
-            return TyingMap.independent(self.num_hidden_layers)
-        return TyingMap(self.tying_map, num_blocks=self.num_hidden_layers)

@@ -1,0 +1,120 @@
+"""The config side of tying: `tying_map` and `tie_init`, validated, and owned by the model built on the config.
+
+Every tied config (`TiedGPT2Config`, `TiedLlamaConfig`, ...) mixes in `TyingConfigMixin` and declares the two
+fields. Like the other files of this folder it only uses relative imports: it is copied next to checkpoints.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from .tying_map import TyingMap
+
+TIE_INITS = ("root", "mean")
+# Fields a tied config adds to its transformers config; `to_untied()` leaves them out.
+TYING_FIELDS = ("tying_map", "tie_init")
+
+
+def _check_tie_init(value) -> None:
+    if value not in TIE_INITS:
+        raise ValueError(f"tie_init must be one of {TIE_INITS}, got {value!r}")
+
+
+class TyingConfigMixin:
+    r"""The two fields every tied config declares, validated.
+
+    tying_map (`list[int]`, *optional*):
+        `tying_map[i] = j` makes block `i` use block `j`'s weights (`j <= i`; `j == i`: independent; block 0 is
+        always independent). Stored in canonical form (chains resolved to the block that owns the weights).
+        `None` means every block is independent, and stays `None` so that changing the number of layers
+        (e.g. with `--config_overrides`) needs no second edit. Invalid maps raise `ValueError` naming the
+        index, the value and the rule broken. Once a model is built on the config, assigning the map raises:
+        it must change together with the model's Parameters, through `model.retie(...)`, which also tells an
+        optimizer or DDP wrapper what changed.
+    tie_init (`str`, *optional*, defaults to `"root"`):
+        The weights a tie group starts from when `from_pretrained(path, tying_map=...)` groups a checkpoint's
+        blocks differently from how they were saved (a plain checkpoint converted, a tied one re-grouped):
+        `"root"`, the weights its first block used in the checkpoint; `"mean"`, the average over its blocks of
+        the weights each used (how relaxed recursive transformers initialise shared layers). Blocks the
+        checkpoint has no weights for are left out of the average. `retie` always follows `"root"`.
+    """
+
+    # Kept out of `__dict__`, hence out of `to_dict()`, config.json and `==`:
+    # - `_tied_model`: a weak reference to the model built on this config. Copies and pickles leave it out
+    #   (`__getstate__`): a copied config drives no model yet (a copied model binds its own copy again).
+    # - `_saved_tying_map`: the map a checkpoint's weights were saved with, when `from_pretrained(path,
+    #   tying_map=...)` asks for another; the model built on the config takes it to group the loaded weights.
+    __slots__ = ("_tied_model", "_saved_tying_map")
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        if self.tying_map is not None:
+            self.tying_map = TyingMap(self.tying_map, num_blocks=self.num_hidden_layers).to_list()
+        _check_tie_init(self.tie_init)
+
+    def __setattr__(self, key, value):
+        # Maps set on a built config (`from_pretrained(path, tying_map=...)` assigns its kwargs that way) are
+        # validated and made canonical too; the length is checked when a model applies them.
+        if key == "tying_map":
+            self._refuse_if_bound()
+            if value is not None:
+                value = TyingMap(value).to_list()
+        elif key == "tie_init":
+            _check_tie_init(value)
+        super().__setattr__(key, value)
+
+    def update_from_string(self, update_str: str):
+        if "tying_map" in (item.split("=")[0] for item in update_str.split(",")):
+            self._refuse_if_bound()
+        super().update_from_string(update_str)
+
+    def __getstate__(self):
+        saved = getattr(self, "_saved_tying_map", None)
+        return (dict(self.__dict__), {"_saved_tying_map": saved}) if saved is not None else dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        loaded = super().from_dict(config_dict, **kwargs)
+        if "tying_map" in kwargs:  # a checkpoint loaded with another map: remember the one its weights have
+            config = loaded[0] if kwargs.get("return_unused_kwargs") else loaded
+            saved = config_dict.get("tying_map")
+            config._saved_tying_map = TyingMap(saved if saved is not None else range(config.num_hidden_layers))
+        return loaded
+
+    @property
+    def tying(self) -> TyingMap:
+        """The map as a `TyingMap` (independent blocks when `tying_map` is `None`)."""
+        if self.tying_map is None:
+            return TyingMap.independent(self.num_hidden_layers)
+        return TyingMap(self.tying_map, num_blocks=self.num_hidden_layers)
+
+    def _bind(self, model) -> None:
+        """Called by the model built on this config: from now on only `model.retie` changes the map."""
+        bound = self._bound_model()
+        if bound is not None and bound is not model:
+            raise ValueError(
+                f"this config already drives a {type(bound).__name__}: build the new model on "
+                f"copy.deepcopy(config), so that re-tying one model cannot change the other's map"
+            )
+        self._tied_model = weakref.ref(model)
+
+    def _take_saved_tying_map(self) -> TyingMap | None:
+        saved = getattr(self, "_saved_tying_map", None)
+        self._saved_tying_map = None
+        return saved
+
+    def _set_tying_map_of_model(self, tying_map: TyingMap) -> None:
+        """`retie`'s way to record the map it applied (assignment is refused once a model is bound)."""
+        super().__setattr__("tying_map", tying_map.to_list())
+
+    def _bound_model(self):
+        reference = getattr(self, "_tied_model", None)
+        return reference() if reference is not None else None
+
+    def _refuse_if_bound(self) -> None:
+        model = self._bound_model()
+        if model is not None:
+            raise ValueError(
+                f"config.tying_map cannot be assigned once a {type(model).__name__} is built on the config: "
+                f"the blocks would not follow. Call model.retie(new_map) instead"
+            )
