@@ -22,7 +22,13 @@ from transformers import (  # noqa: E402
     BertForMaskedLM,
     GPT2Config,
     GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
 )
 
 from hf_layertie import (  # noqa: E402
@@ -30,6 +36,12 @@ from hf_layertie import (  # noqa: E402
     TiedBertForMaskedLM,
     TiedGPT2Config,
     TiedGPT2LMHeadModel,
+    TiedLlamaConfig,
+    TiedLlamaForCausalLM,
+    TiedMistralConfig,
+    TiedMistralForCausalLM,
+    TiedQwen2Config,
+    TiedQwen2ForCausalLM,
 )
 
 # The test models are tiny: one intra-op thread is several times faster than two on a shared 2-core
@@ -49,6 +61,37 @@ TINY_BERT = dict(
     max_position_embeddings=32,
     pad_token_id=0,
 )
+
+# Llama-family decoders: grouped-query attention (4 query heads share 2 key/value heads). The Qwen2 model slides
+# a 4-token window from layer 2 on and the Mistral one everywhere, so that tied layers mix attention types.
+TINY_LLAMA = dict(
+    hidden_size=16,
+    intermediate_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=100,
+    max_position_embeddings=64,
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=0,
+)
+TINY_QWEN2 = dict(TINY_LLAMA, use_sliding_window=True, sliding_window=4, max_window_layers=2)
+TINY_MISTRAL = dict(TINY_LLAMA, sliding_window=4)
+
+
+def _tiny_decoder_config(config_class, sizes):
+    def make(tying_map=None, num_blocks: int | None = None, **overrides):
+        num_blocks = num_blocks or (len(tying_map) if tying_map is not None else 4)
+        return config_class(num_hidden_layers=num_blocks, **{**sizes, **overrides}, tying_map=tying_map)
+
+    make.__doc__ = f"A {config_class.__name__} small enough to build, save and load in milliseconds."
+    return make
+
+
+make_tiny_llama_config = _tiny_decoder_config(TiedLlamaConfig, TINY_LLAMA)
+make_tiny_qwen2_config = _tiny_decoder_config(TiedQwen2Config, TINY_QWEN2)
+make_tiny_mistral_config = _tiny_decoder_config(TiedMistralConfig, TINY_MISTRAL)
+
 
 def make_tiny_gpt2_config(tying_map=None, num_blocks: int | None = None, **overrides) -> TiedGPT2Config:
     """A GPT-2 small enough to build, save and load in milliseconds; `num_blocks` defaults to the map's length."""
@@ -105,8 +148,35 @@ BERT = ModelKind(
     AutoModelForMaskedLM,
     "bert.encoder.layer",
 )
+LLAMA = ModelKind(
+    "llama",
+    TiedLlamaForCausalLM,
+    make_tiny_llama_config,
+    LlamaForCausalLM,
+    lambda num_blocks: LlamaConfig(num_hidden_layers=num_blocks, **TINY_LLAMA),
+    AutoModelForCausalLM,
+    "model.layers",
+)
+QWEN2 = ModelKind(
+    "qwen2",
+    TiedQwen2ForCausalLM,
+    make_tiny_qwen2_config,
+    Qwen2ForCausalLM,
+    lambda num_blocks: Qwen2Config(num_hidden_layers=num_blocks, **TINY_QWEN2),
+    AutoModelForCausalLM,
+    "model.layers",
+)
+MISTRAL = ModelKind(
+    "mistral",
+    TiedMistralForCausalLM,
+    make_tiny_mistral_config,
+    MistralForCausalLM,
+    lambda num_blocks: MistralConfig(num_hidden_layers=num_blocks, **TINY_MISTRAL),
+    AutoModelForCausalLM,
+    "model.layers",
+)
 # Every tied model class the package ships; tests parametrised over it cover a new class by adding it here.
-EVERY_KIND = (GPT2, BERT)
+EVERY_KIND = (GPT2, BERT, LLAMA, QWEN2, MISTRAL)
 every_kind = pytest.mark.parametrize("kind", EVERY_KIND, ids=lambda kind: kind.name)
 
 

@@ -1,4 +1,4 @@
-"""Every tied model class (GPT-2, BERT): sharing, checkpoints, retie, accounting,
+"""Every tied model class (GPT-2, BERT, Llama, Qwen2, Mistral): sharing, checkpoints, retie, accounting,
 conversion of plain checkpoints, export to plain models, loading, generation, training.
 
 The properties run on random valid maps for every model class; models are tiny (3-6 blocks, width 16).
@@ -591,16 +591,27 @@ def test_the_binding_stays_out_of_serialisation_and_comparisons(tmp_path):
 @causal_kinds
 @pytest.mark.parametrize("entries", [[0, 0, 0, 0], [0, 1, 0, 1], [0, 0, 2, 2], [0, 1, 2, 3]])
 def test_generate_gives_the_same_tokens_with_and_without_kv_cache(kind, entries):
-    # Every position keeps its own module, so its KV cache slot (layer_idx) stays right.
+    # Every position keeps its own module: its KV cache slot (layer_idx) and, for Qwen2 and Mistral, its
+    # attention window (Qwen2 slides from layer 2 on, so [0, 0, 0, 0] ties sliding layers to a full one).
     model = kind.tied_model(entries)
     perturb_(model, seed=7)
+    plain = kind.plain_model(len(entries))
     prompt = INPUT_IDS[:, :5]
+
+    def per_position(blocks: nn.ModuleList) -> list[tuple]:
+        return [
+            (module.layer_idx, getattr(module, "sliding_window", None))
+            for block in blocks
+            for module in block.modules()
+            if hasattr(module, "layer_idx")
+        ]
 
     def greedy(use_cache: bool) -> torch.Tensor:
         return model.generate(
             prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False, use_cache=use_cache
         )
 
+    assert per_position(model.tied_blocks) == per_position(plain.get_submodule(kind.blocks_path))
     with_cache = greedy(use_cache=True)
     assert with_cache.shape == (2, 5 + 12)
     assert torch.equal(with_cache, greedy(use_cache=False))

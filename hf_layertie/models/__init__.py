@@ -5,8 +5,14 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
 from .configuration_tied_bert import TiedBertConfig
 from .configuration_tied_gpt2 import TiedGPT2Config
+from .configuration_tied_llama import TiedLlamaConfig
+from .configuration_tied_mistral import TiedMistralConfig
+from .configuration_tied_qwen2 import TiedQwen2Config
 from .modeling_tied_bert import TiedBertForMaskedLM
 from .modeling_tied_gpt2 import TiedGPT2LMHeadModel
+from .modeling_tied_llama import TiedLlamaForCausalLM
+from .modeling_tied_mistral import TiedMistralForCausalLM
+from .modeling_tied_qwen2 import TiedQwen2ForCausalLM
 from .tied_blocks import ParameterCounts, RetieReport, TiedBlocksMixin
 from .tying_config import TyingConfigMixin
 from .tying_map import TyingMap
@@ -18,6 +24,9 @@ TIED_MODELS = {
     for model_class, auto_class in (
         (TiedGPT2LMHeadModel, AutoModelForCausalLM),
         (TiedBertForMaskedLM, AutoModelForMaskedLM),
+        (TiedLlamaForCausalLM, AutoModelForCausalLM),
+        (TiedQwen2ForCausalLM, AutoModelForCausalLM),
+        (TiedMistralForCausalLM, AutoModelForCausalLM),
     )
 }
 
@@ -31,6 +40,12 @@ __all__ = [
     "TiedBlocksMixin",
     "TiedGPT2Config",
     "TiedGPT2LMHeadModel",
+    "TiedLlamaConfig",
+    "TiedLlamaForCausalLM",
+    "TiedMistralConfig",
+    "TiedMistralForCausalLM",
+    "TiedQwen2Config",
+    "TiedQwen2ForCausalLM",
     "TyingConfigMixin",
     "TyingMap",
     "check_strategy_spec",

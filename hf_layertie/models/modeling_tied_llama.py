@@ -1,0 +1,16 @@
+"""Llama causal language model whose decoder layers share Parameters according to `config.tying_map`."""
+
+from transformers import LlamaForCausalLM
+
+from .configuration_tied_llama import TiedLlamaConfig
+from .tied_blocks import TiedBlocksMixin
+
+
+class TiedLlamaForCausalLM(TiedBlocksMixin, LlamaForCausalLM):
+    """[`LlamaForCausalLM`] with decoder layers `model.layers` tied by `config.tying_map` (see [`TiedBlocksMixin`])."""
+
+    config_class = TiedLlamaConfig
+    tied_blocks_path = "model.layers"
+
+
+__all__ = ["TiedLlamaForCausalLM"]

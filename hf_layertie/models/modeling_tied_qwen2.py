@@ -1,0 +1,16 @@
+"""Qwen2 causal language model whose decoder layers share Parameters according to `config.tying_map`."""
+
+from transformers import Qwen2ForCausalLM
+
+from .configuration_tied_qwen2 import TiedQwen2Config
+from .tied_blocks import TiedBlocksMixin
+
+
+class TiedQwen2ForCausalLM(TiedBlocksMixin, Qwen2ForCausalLM):
+    """[`Qwen2ForCausalLM`] with decoder layers `model.layers` tied by `config.tying_map` (see [`TiedBlocksMixin`])."""
+
+    config_class = TiedQwen2Config
+    tied_blocks_path = "model.layers"
+
+
+__all__ = ["TiedQwen2ForCausalLM"]
