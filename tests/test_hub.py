@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_bert_config, make_tiny_gpt2_config
+from conftest import EVERY_KIND, make_tiny_gpt2_config
 from hub_server import HubServer, hub_server  # noqa: F401  (the fixture)
 from safetensors.torch import load_file, save_file
 
-from hf_layertie import TiedBertForMaskedLM, TiedGPT2LMHeadModel
+from hf_layertie import TiedGPT2LMHeadModel
 from hf_layertie.model_card import write_model_card
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -121,10 +121,11 @@ def logits_of(model) -> torch.Tensor:
         return model.eval()(INPUT_IDS).logits
 
 
-def assert_loaded_like(workdir: Path, name: str, model, module_prefix: str) -> None:
+def assert_loaded_like(workdir: Path, name: str, model, module_prefix: str, tying_map=None) -> None:
+    """The load `name` ran code from `module_prefix`, shared blocks as `tying_map` (the model's) and gave its logits."""
     report = json.loads((workdir / f"{name}.json").read_text())
     assert report["module"].startswith(module_prefix), report["module"]
-    assert report["tying_map"] == model.tying_map.to_list()
+    assert report["tying_map"] == (tying_map if tying_map is not None else model.tying_map.to_list())
     torch.testing.assert_close(load_file(workdir / f"{name}.safetensors")["logits"], logits_of(model), rtol=0, atol=0)
 
 
@@ -233,10 +234,7 @@ def test_push_to_hub_then_load_by_repo_id_without_the_package(hub_server: HubSer
 
 @pytest.mark.slow
 def test_a_hand_made_cache_loads_by_repo_id_offline_with_and_without_the_package(tmp_path):
-    models = {
-        "org/tied-gpt2": (TiedGPT2LMHeadModel(make_tiny_gpt2_config([0, 0, 2, 0])), "AutoModelForCausalLM"),
-        "org/tied-bert": (TiedBertForMaskedLM(make_tiny_bert_config([0, 1, 1, 0])), "AutoModelForMaskedLM"),
-    }
+    models = {f"org/tied-{kind.name}": (kind.tied_model([0, 1, 1, 0]), kind.auto_class.__name__) for kind in EVERY_KIND}
     cache = tmp_path / "hub-cache"
     for index, (repo_id, (model, _)) in enumerate(models.items()):
         checkpoint = tmp_path / repo_id
@@ -252,3 +250,31 @@ def test_a_hand_made_cache_loads_by_repo_id_offline_with_and_without_the_package
         name = repo_id.replace("/", "--")
         assert_loaded_like(tmp_path, f"{name}-remote-code", model, module_prefix="transformers_modules.")
         assert_loaded_like(tmp_path, f"{name}-package", model, module_prefix="hf_layertie.")
+
+
+# Loads plain checkpoints with stock transformers only: no hf_layertie, no remote code.
+LOAD_UNTIED = (
+    REFUSE_HF_LAYERTIE
+    + LOAD_AND_REPORT
+    + """
+for name, (auto_class, blocks_path) in json.loads(sys.argv[2]).items():
+    load_and_report(name, auto_class, str(workdir / name), blocks_path)
+assert not any(module.split(".")[0] == "hf_layertie" for module in sys.modules)
+"""
+)
+
+
+@pytest.mark.slow
+def test_to_untied_checkpoints_load_with_stock_transformers_and_the_same_logits_without_the_package(tmp_path):
+    models = {kind.name: kind.tied_model([0, 0, 2, 0, 2]) for kind in EVERY_KIND}
+    for name, model in models.items():
+        model.to_untied().save_pretrained(tmp_path / name)
+    save_file({"input_ids": INPUT_IDS}, tmp_path / "inputs.safetensors")
+    checkpoints = {kind.name: (kind.auto_class.__name__, kind.blocks_path) for kind in EVERY_KIND}
+
+    run_python(LOAD_UNTIED, tmp_path, json.dumps(checkpoints), env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=tmp_path)
+
+    for kind in EVERY_KIND:
+        assert_loaded_like(
+            tmp_path, kind.name, models[kind.name], f"transformers.models.{kind.name}.", tying_map=[0, 1, 2, 3, 4]
+        )
