@@ -114,10 +114,11 @@ def build_model_card(
     eval_rows = _eval_rows(eval_results, default_dataset=dataset_names[0] if dataset_names else None)
     model_index = _eval_results(eval_rows, pipeline_tag, task_name)
     tying_map = model.tying_map
+    untied_class = model.untied_class()
     card_data = ModelCardData(
         library_name="transformers",
         pipeline_tag=pipeline_tag,
-        tags=[*TAGS, model.config.model_type],
+        tags=[*TAGS, model.config.model_type, untied_class.config_class.model_type],
         base_model=base_model,
         datasets=dataset_names or None,
         metrics=list(dict.fromkeys(_metric_type(row.metric) for row in eval_rows)) or None,
@@ -129,6 +130,7 @@ def build_model_card(
         template_path=str(TEMPLATE_PATH),
         model_id=model_id,
         architecture=type(model).__name__,
+        untied_architecture=untied_class.__name__,
         auto_class=auto_class,
         base_model=base_model,
         dataset_names=dataset_names,

@@ -5,30 +5,26 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import make_tiny_bert_config, make_tiny_gpt2_config, raw_tying_maps
+from conftest import EVERY_KIND, make_tiny_gpt2_config, raw_tying_maps
 from hypothesis import given, settings
 from huggingface_hub import ModelCard
 from transformers import GPT2LMHeadModel, TrainingArguments
 
-from hf_layertie import TiedBertForMaskedLM, TiedGPT2LMHeadModel
 from hf_layertie.model_card import TAGS, build_model_card, write_model_card
 
-MODELS = {
-    "gpt2": (TiedGPT2LMHeadModel, make_tiny_gpt2_config, "text-generation", "AutoModelForCausalLM"),
-    "bert": (TiedBertForMaskedLM, make_tiny_bert_config, "fill-mask", "AutoModelForMaskedLM"),
-}
+KINDS = {kind.name: kind for kind in EVERY_KIND}
+PIPELINE_TAGS = {"AutoModelForCausalLM": "text-generation", "AutoModelForMaskedLM": "fill-mask"}
 
 
 def make_model(kind: str, tying_map=None, num_blocks=None):
-    model_class, make_config, _, _ = MODELS[kind]
-    return model_class(make_config(tying_map, num_blocks=num_blocks)).eval()
+    return KINDS[kind].tied_class(KINDS[kind].make_config(tying_map, num_blocks=num_blocks)).eval()
 
 
 def code_blocks(text: str, language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
 
 
-@pytest.mark.parametrize("kind", sorted(MODELS))
+@pytest.mark.parametrize("kind", sorted(KINDS))
 @settings(max_examples=15, deadline=None)
 @given(tying_map=raw_tying_maps(min_blocks=2, max_blocks=6))
 def test_card_states_the_map_distinct_blocks_and_parameter_counts_of_the_model(kind, tying_map, tmp_path_factory):
@@ -39,8 +35,8 @@ def test_card_states_the_map_distinct_blocks_and_parameter_counts_of_the_model(k
     card = ModelCard.load(path)
     counts = model.parameter_counts()
     assert card.data.library_name == "transformers"
-    assert card.data.pipeline_tag == MODELS[kind][2]
-    assert set(TAGS) <= set(card.data.tags)
+    assert card.data.pipeline_tag == PIPELINE_TAGS[KINDS[kind].auto_class.__name__]
+    assert set(TAGS) | {f"tied_{kind}", kind} <= set(card.data.tags)
     assert f"`{model.tying_map.render()}`" in card.text
     assert f"{model.tying_map.num_distinct} distinct blocks out of {len(tying_map)}" in card.text
     for source, blocks in model.tying_map.groups().items():
@@ -144,13 +140,15 @@ def test_citations_cover_the_method_and_the_named_datasets():
     assert "Pointer Sentinel" not in str(build_model_card(make_model("gpt2"), dataset_names=["lambada"]))
 
 
-@pytest.mark.parametrize("kind", sorted(MODELS))
-def test_the_loading_code_in_the_card_loads_the_checkpoint_with_and_without_the_package(kind, tmp_path):
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_loading_code_in_the_card_loads_the_checkpoint_with_and_without_the_package_and_exports_it(
+    kind, tmp_path, monkeypatch
+):
     model = make_model(kind, [0, 0, 2, 0])
     checkpoint = tmp_path / "checkpoint"
     model.save_pretrained(checkpoint)
     card = build_model_card(model, model_name=str(checkpoint))
-    with_package, without_package = code_blocks(card.text, "python")
+    with_package, without_package, export = code_blocks(card.text, "python")
     input_ids = torch.tensor([[5, 17, 42, 8, 99, 3]])
 
     assert "import hf_layertie" in with_package and "trust_remote_code=True" not in with_package
@@ -160,9 +158,17 @@ def test_the_loading_code_in_the_card_loads_the_checkpoint_with_and_without_the_
         exec(snippet.replace("print(model.tying_map)", ""), namespace)
         loaded = namespace["model"].eval()
         assert type(loaded).__name__ == type(model).__name__
-        assert MODELS[kind][3] in snippet
+        assert KINDS[kind].auto_class.__name__ in snippet
         with torch.no_grad():
             torch.testing.assert_close(loaded(input_ids).logits, model(input_ids).logits, rtol=0, atol=0)
+    # The export line, run on the model the first snippet loaded, writes a plain checkpoint of the class it names.
+    plain_class = KINDS[kind].plain_class
+    assert f"As a plain `{plain_class.__name__}`" in card.text
+    monkeypatch.chdir(tmp_path)
+    exec(export, {"model": namespace["model"]})
+    exported = plain_class.from_pretrained(tmp_path / "checkpoint-untied").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids).logits, model(input_ids).logits, rtol=0, atol=0)
 
 
 def test_the_tying_plot_is_linked_relative_to_the_card_and_copied_beside_it(tmp_path):

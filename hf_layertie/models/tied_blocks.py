@@ -265,15 +265,20 @@ class TiedBlocksMixin:
         if output_embeddings is self.get_output_embeddings():
             super()._adjust_bias(output_embeddings, input_embeddings)
 
+    @classmethod
+    def untied_class(cls) -> type[PreTrainedModel]:
+        """The transformers class this one ties the blocks of (e.g. `LlamaForCausalLM`), which `to_untied` returns."""
+        return next(
+            base for base in cls.__mro__ if issubclass(base, PreTrainedModel) and not issubclass(base, TiedBlocksMixin)
+        )
+
     def to_untied(self) -> PreTrainedModel:
         """The equivalent plain transformers model (e.g. `LlamaForCausalLM`): every block owns a copy of its weights.
 
         Its `save_pretrained` writes a checkpoint that stock transformers, and tools built on it (vLLM,
         llama.cpp's converter), load without hf-layertie or remote code, with the same logits.
         """
-        plain_class = next(
-            base for base in type(self).__mro__[1:] if issubclass(base, PreTrainedModel) and not issubclass(base, TiedBlocksMixin)
-        )
+        plain_class = self.untied_class()
         config_dict = {
             key: value for key, value in self.config.to_dict().items() if key not in TYING_FIELDS + _TIED_CLASS_KEYS
         }
