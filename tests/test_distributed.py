@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,8 +22,9 @@ def launch(script_and_args, cwd):
     return completed
 
 
-def test_two_ranks_end_with_identical_maps_and_weights_after_reties_and_an_untie(tmp_path):
-    launch([str(REPO / "tests" / "scripts" / "ddp_tying_run.py"), str(tmp_path)], cwd=tmp_path)
+@pytest.mark.parametrize("model_name", ["gpt2", "llama"])
+def test_two_ranks_end_with_identical_maps_and_weights_after_reties_and_an_untie(model_name, tmp_path):
+    launch([str(REPO / "tests" / "scripts" / "ddp_tying_run.py"), str(tmp_path), model_name], cwd=tmp_path)
     rank0, rank1 = (torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1))
     assert rank0["world_size"] == rank1["world_size"] == 2
 

@@ -1,7 +1,8 @@
-"""Train a tiny tied GPT-2 with re-ties under several processes; each rank dumps its final map and weights.
+"""Train a tiny tied model with re-ties under several processes; each rank dumps its final map and weights.
 
-Launched by tests/test_tying_trainer_distributed.py exactly as the README tells users to launch:
-`ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 tests/scripts/ddp_tying_run.py OUTPUT_DIR`.
+Launched by tests/test_distributed.py exactly as the README tells users to launch:
+`ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 tests/scripts/ddp_tying_run.py OUTPUT_DIR MODEL`,
+where MODEL is a key of `SIZES` (default gpt2).
 """
 
 import sys
@@ -9,12 +10,21 @@ import sys
 import datasets
 import torch
 
-from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
+from hf_layertie import TIED_MODELS, TyingTrainer, TyingTrainingArguments
+
+SIZES = {
+    "gpt2": dict(n_layer=4, n_embd=32, n_head=2, n_positions=32),
+    # Grouped-query attention: 4 query heads share 2 key/value heads.
+    "llama": dict(num_hidden_layers=4, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=32),
+}  # fmt: skip
 
 output_dir = sys.argv[1]
+model_name = sys.argv[2] if len(sys.argv) > 2 else "gpt2"
+model_class, _ = TIED_MODELS[f"tied_{model_name}"]
 torch.manual_seed(0)
-config = TiedGPT2Config(n_layer=4, n_embd=32, n_head=2, vocab_size=100, n_positions=32, bos_token_id=0, eos_token_id=0)
-model = TiedGPT2LMHeadModel(config)
+config = model_class.config_class(**SIZES[model_name], vocab_size=100, bos_token_id=0, eos_token_id=0)
+model = model_class(config)
 ids = torch.randint(0, 100, (128, 16), generator=torch.Generator().manual_seed(1)).tolist()
 data = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
 args = TyingTrainingArguments(
