@@ -7,7 +7,7 @@ from .tied_blocks import TiedBlocksMixin
 
 
 class TiedLlamaForCausalLM(TiedBlocksMixin, LlamaForCausalLM):
-    """[`LlamaForCausalLM`] with decoder layers `model.layers` tied by `config.tying_map` (see [`TiedBlocksMixin`])."""
+    """[`LlamaForCausalLM`] tying its decoder layers `model.layers` by `config.tying_map` ([`TiedBlocksMixin`])."""
 
     config_class = TiedLlamaConfig
     tied_blocks_path = "model.layers"

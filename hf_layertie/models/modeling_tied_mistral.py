@@ -7,7 +7,7 @@ from .tied_blocks import TiedBlocksMixin
 
 
 class TiedMistralForCausalLM(TiedBlocksMixin, MistralForCausalLM):
-    """[`MistralForCausalLM`] with decoder layers `model.layers` tied by `config.tying_map` (see [`TiedBlocksMixin`])."""
+    """[`MistralForCausalLM`] tying its decoder layers `model.layers` by `config.tying_map` ([`TiedBlocksMixin`])."""
 
     config_class = TiedMistralConfig
     tied_blocks_path = "model.layers"

@@ -7,7 +7,7 @@ from .tied_blocks import TiedBlocksMixin
 
 
 class TiedQwen2ForCausalLM(TiedBlocksMixin, Qwen2ForCausalLM):
-    """[`Qwen2ForCausalLM`] with decoder layers `model.layers` tied by `config.tying_map` (see [`TiedBlocksMixin`])."""
+    """[`Qwen2ForCausalLM`] tying its decoder layers `model.layers` by `config.tying_map` ([`TiedBlocksMixin`])."""
 
     config_class = TiedQwen2Config
     tied_blocks_path = "model.layers"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -89,7 +90,8 @@ def _fresh_copy(parameter: nn.Parameter) -> nn.Parameter:
 
 def _mean(parameters: list[nn.Parameter]) -> nn.Parameter:
     stacked = torch.stack([parameter.detach() for parameter in parameters])
-    return nn.Parameter(stacked.mean(dim=0, dtype=torch.float32).to(stacked.dtype), requires_grad=parameters[0].requires_grad)
+    average = stacked.mean(dim=0, dtype=torch.float32).to(stacked.dtype)
+    return nn.Parameter(average, requires_grad=parameters[0].requires_grad)
 
 
 class TiedBlocksMixin:
@@ -128,7 +130,7 @@ class TiedBlocksMixin:
     def tying_map(self) -> TyingMap:
         return TyingMap(self.config.tying.entries, num_blocks=len(self.tied_blocks))
 
-    def retie(self, new_map) -> RetieReport:
+    def retie(self, new_map: TyingMap | Sequence[int]) -> RetieReport:
         """Apply `new_map` in place; accepts a `TyingMap` or a list. Any map may follow any other.
 
         Every block keeps computing what it computed unless its source changes. The group of each new root `r`
@@ -136,12 +138,14 @@ class TiedBlocksMixin:
         than being copied where they can: old root `s`'s objects stay with `s` if it is still a root, else go to
         the group with the smallest root `r` such that `old_map[r] == s`; any other group starting from `s`
         gets fresh copies (reported in `added` and `copied_from`), and objects no group starts from disappear
-        (`removed`). A move changes the order of `named_parameters()`.
+        (`removed`). A move changes the order of `named_parameters()` (an optimizer that keeps its groups in that
+        order, as `TyingTrainer` does, re-sorts them).
         """
         old_map = self.tying_map
         new_map = TyingMap(new_map, num_blocks=len(self.tied_blocks))
         owned = {root: _block_parameters(self.tied_blocks[root]) for root in old_map.independent_blocks}
-        copied_from, kept = self._regroup(new_map, owned, {root: [old_map[root]] for root in new_map.independent_blocks})
+        sources = {root: [old_map[root]] for root in new_map.independent_blocks}
+        copied_from, kept = self._regroup(new_map, owned, sources)
         self.config._set_tying_map_of_model(new_map)
         self._declare_block_ties()
         return RetieReport(
@@ -247,8 +251,9 @@ class TiedBlocksMixin:
     def _declare_block_ties(self) -> None:
         """Bring `all_tied_weights_keys` in step with the map, keeping transformers' own (embedding) entries."""
         prefix = f"{self.tied_blocks_path}."
-        kept = {target: source for target, source in self.all_tied_weights_keys.items() if not target.startswith(prefix)}
-        self.all_tied_weights_keys = {**kept, **self._tied_block_parameter_names()}
+        declared = self.all_tied_weights_keys
+        others = {target: source for target, source in declared.items() if not target.startswith(prefix)}
+        self.all_tied_weights_keys = {**others, **self._tied_block_parameter_names()}
 
     def _tied_block_parameter_names(self) -> dict[str, str]:
         path, blocks = self.tied_blocks_path, self.tied_blocks
