@@ -27,7 +27,6 @@ _TASKS = {
     "AutoModelForCausalLM": ("text-generation", "Causal Language Modeling"),
     "AutoModelForMaskedLM": ("fill-mask", "Masked Language Modeling"),
 }
-_TYING_PREFIXES = ("tying_", "q_", "epsilon_", "reward_", "agent_")
 # Keys `Trainer.evaluate()` adds next to the metrics; transformers' own cards leave them out too.
 _NOT_METRICS = ("runtime", "samples_per_second", "steps_per_second", "epoch", "step")
 
@@ -98,7 +97,7 @@ def build_model_card(
     Args:
         model: the trained model; its map, distinct blocks and parameter counts go into the card.
         training_args: `TrainingArguments` (or any object with its attributes): learning rate, batch sizes,
-            steps or epochs, seed, and every attribute starting with `tying_`, `q_`, `epsilon_` or `reward_`.
+            steps or epochs, seed, and the tying settings it names in `tying_fields()` (`TyingTrainingArguments`).
         eval_results: `{metric: value}` as returned by `Trainer.evaluate()` (attributed to the first of
             `dataset_names`), or `{dataset: {metric: value}}`. Runtime and throughput keys are left out.
         dataset_names: datasets the model was trained on (Hub ids or names); WikiText, LAMBADA and
@@ -234,9 +233,14 @@ def _hyperparameters(training_args) -> dict[str, str]:
         "gradient_accumulation_steps",
         length,
         "seed",
-        *(name for name in vars(training_args) if name.startswith(_TYING_PREFIXES)),
+        *(training_args.tying_fields() if hasattr(training_args, "tying_fields") else []),
     ]
-    return {name: _format_value(getattr(training_args, name)) for name in names if hasattr(training_args, name)}
+    # Settings left at None take their variant's value (see `AgentConfig`): listing "None" would say nothing.
+    return {
+        name: _format_value(getattr(training_args, name))
+        for name in names
+        if getattr(training_args, name, None) is not None
+    }
 
 
 def _format_value(value) -> str:

@@ -1,7 +1,6 @@
 """Model cards: valid Hub metadata, and text that states the actual model's map, size and results."""
 
 import re
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ from hypothesis import given, settings
 from huggingface_hub import ModelCard
 from transformers import GPT2LMHeadModel, TrainingArguments
 
+from hf_layertie import TyingTrainingArguments
 from hf_layertie.model_card import TAGS, build_model_card, write_model_card
 
 KINDS = {kind.name: kind for kind in EVERY_KIND}
@@ -88,21 +88,11 @@ def test_a_card_without_base_model_eval_results_or_training_arguments_says_so(tm
     assert "## Training hyper-parameters" not in card.text
 
 
-@dataclass
-class ArgumentsWithTyingFields(TrainingArguments):
-    """Stands for the trainer's own arguments: any field named tying_*, q_*, epsilon_* or reward_* is listed."""
-
-    tying_interval: int = 15
-    q_gamma: float = 0.99
-    epsilon_decay: float = 0.95
-    reward_block_cost: float = 0.01
-    unrelated_knob: int = 7
-
-
-def test_training_arguments_list_the_hyperparameters_and_every_tying_field(tmp_path):
-    arguments = ArgumentsWithTyingFields(
-        output_dir=str(tmp_path / "run"), learning_rate=3e-4, per_device_train_batch_size=4, max_steps=120, seed=7
-    )
+def test_training_arguments_list_the_hyperparameters_and_every_tying_setting_given(tmp_path):
+    arguments = TyingTrainingArguments(
+        output_dir=str(tmp_path / "run"), learning_rate=3e-4, per_device_train_batch_size=4, max_steps=120, seed=7,
+        dlt_variant="paper", q_gamma=0.9, epsilon_decay=0.9, reward_block_cost=0.01, max_distinct_blocks=3,
+    )  # fmt: skip
     card = build_model_card(make_model("gpt2", [0, 0, 2, 2]), training_args=arguments)
 
     for line in (
@@ -110,14 +100,17 @@ def test_training_arguments_list_the_hyperparameters_and_every_tying_field(tmp_p
         "- per_device_train_batch_size: 4",
         "- max_steps: 120",
         "- seed: 7",
+        "- tying_strategy: dlt",
+        "- dlt_variant: paper",
         "- tying_interval: 15",
-        "- q_gamma: 0.99",
-        "- epsilon_decay: 0.95",
+        "- max_distinct_blocks: 3",
+        "- q_gamma: 0.9",
+        "- epsilon_decay: 0.9",
         "- reward_block_cost: 0.01",
     ):
         assert line in card.text
     assert "num_train_epochs" not in card.text
-    assert "unrelated_knob" not in card.text
+    assert "q_forgetting" not in card.text  # left at None: the variant's value, nothing to report
 
 
 def test_epochs_are_listed_when_training_is_not_bounded_by_steps(tmp_path):

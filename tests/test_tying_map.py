@@ -90,28 +90,47 @@ def decisions(draw):
 
 @FAST
 @given(decisions())
-def test_with_decision_moves_the_block_and_its_followers(decision):
+def test_a_decision_changes_the_weights_of_the_deciding_block_only(decision):
     tying_map, block, source = decision
     new_map = tying_map.with_decision(block, source)
-    new_root_of_block = block if source == block else tying_map[source]
 
-    assert new_map[block] == new_root_of_block
-    for other in range(len(tying_map)):
-        if other == block:
-            continue
-        if tying_map[other] == block:  # blocks that used `block`'s weights follow it
-            assert new_map[other] == new_root_of_block
-        else:
-            assert new_map[other] == tying_map[other]
+    assert new_map[block] == (block if source == block else tying_map[source])
+    # Every other block computes with the same weights as before: blocks that used `block`'s weights keep
+    # them, under the smallest of them as their new owner.
+    for group in tying_map.groups().values():
+        rest = [other for other in group if other != block]
+        assert len({new_map[other] for other in rest}) <= 1
+        if rest and block not in group:
+            assert new_map[rest[0]] == tying_map[rest[0]]
     assert abs(new_map.num_distinct - tying_map.num_distinct) <= 1
     assert tying_map.with_decision(block, source) == new_map  # the original is unchanged (frozen)
 
 
 def test_with_decision_examples():
     tying_map = TyingMap([0, 1, 1, 3])
-    assert tying_map.with_decision(1, 0).to_list() == [0, 0, 0, 3]  # block 2 follows block 1
+    assert tying_map.with_decision(1, 0).to_list() == [0, 0, 2, 3]  # block 2 keeps block 1's weights, as owner
+    assert tying_map.with_decision(1, 1) == tying_map  # staying independent changes nothing
     assert tying_map.with_decision(2, 2).to_list() == [0, 1, 2, 3]  # untie
     assert tying_map.with_decision(3, 2).to_list() == [0, 1, 1, 1]  # tied to a tied block: resolved
+    assert TyingMap([0, 1, 1, 1, 4]).with_decision(1, 0).to_list() == [0, 0, 2, 2, 4]
+
+
+@FAST
+@given(decisions())
+def test_decision_options_are_distinct_and_reach_every_reachable_map(decision):
+    tying_map, block, _ = decision
+    options = tying_map.decision_options(block)
+
+    reachable = {tying_map.with_decision(block, source) for source in range(block + 1)}
+    assert options[0] == block
+    assert len({tying_map.with_decision(block, source) for source in options}) == len(options)
+    assert {tying_map.with_decision(block, source) for source in options} == reachable
+
+
+@pytest.mark.parametrize("block", [0, 4])
+def test_decision_options_name_the_blocks_that_decide(block):
+    with pytest.raises(ValueError, match=rf"block must be in 1..3 \(block 0 is always independent\), got {block}"):
+        TyingMap.independent(4).decision_options(block)
 
 
 @pytest.mark.parametrize("block", [-1, 4, 10])

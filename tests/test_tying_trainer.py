@@ -10,6 +10,7 @@ from conftest import make_tiny_gpt2_config
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
 
 from hf_layertie import TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
+from hf_layertie.dlt import PaperAgent
 from hf_layertie.trainer import TYING_HISTORY_NAME, TYING_PLOT_NAME, TYING_STATE_NAME
 
 
@@ -79,6 +80,35 @@ class OptimizerMatchesModel(TrainerCallback):
         self.checked_steps += 1
 
 
+def assert_records_close(records, expected):
+    """Same decisions; numbers equal up to float noise (the resumed run re-computes them in another order)."""
+    assert len(records) == len(expected)
+    for record, reference in zip(records, expected):
+        assert record.keys() == reference.keys()
+        for key, value in reference.items():
+            if isinstance(value, float):
+                assert record[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+            else:
+                assert record[key] == value, key
+
+
+class DistinctBlocksWithinCap(TrainerCallback):
+    """After every optimizer step: the model's distinct blocks and its optimizer stay within the cap."""
+
+    def __init__(self, cap):
+        self.trainer, self.cap, self.seen = None, cap, []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        model = self.trainer.model
+        self.seen.append(model.tying_map.num_distinct)
+        assert model.tying_map.num_distinct <= self.cap
+        one_block = sum(parameter.numel() for parameter in model.tied_blocks[0].parameters())
+        counts = model.parameter_counts()
+        assert counts.blocks <= self.cap * one_block
+        optimizer_numel = sum(parameter.numel() for group in torch_optimizer(self.trainer).param_groups for parameter in group["params"])
+        assert optimizer_numel == counts.trainable
+
+
 def test_dlt_run_makes_many_decisions_and_keeps_the_optimizer_in_step(tmp_path):
     check = OptimizerMatchesModel()
     trainer = make_trainer(tmp_path, callbacks=[check])
@@ -87,25 +117,50 @@ def test_dlt_run_makes_many_decisions_and_keeps_the_optimizer_in_step(tmp_path):
 
     records = trainer.tying_records
     assert [record["step"] for record in records] == list(range(0, 24, 2))
-    maps = [tuple(record["map"]) for record in records]
-    assert len(set(maps)) > 2, "the map should change during a DLT run"
+    assert len({tuple(record["map"]) for record in records}) > 2, "the map should change during a DLT run"
     assert check.checked_steps == 24
-    assert all("reward" in record and "q_loss" in record for record in records[1:])
+    # Every row carries its own decision's reward: the loss of the 2 steps after it, as the Trainer computed it.
+    assert all(isinstance(record["reward"], float) and record["reward"] == -record["loss"] for record in records)
+    assert sum(trainer.tying_seconds.values()) > 0
+
+
+def test_dlt_starts_from_every_block_tied_to_block_0_as_in_the_paper(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=1, tying_interval=100)
+    assert trainer.model.tying_map.to_list() == [0, 0, 0, 0]
+    trainer.train()
+    assert trainer.tying_records[0]["map"] in ([0, 0, 0, 0], [0, 1, 0, 0])  # block 1 stays tied or unties
+
+
+def test_max_distinct_blocks_holds_at_every_step(tmp_path):
+    check = DistinctBlocksWithinCap(cap=2)
+    trainer = make_trainer(
+        tmp_path, model=tiny_model(num_blocks=6), tying_strategy="random", max_distinct_blocks=2, tying_interval=1,
+        max_steps=40, callbacks=[check],
+    )  # fmt: skip
+    check.trainer = trainer
+    trainer.train()
+    assert len(check.seen) == 40 and max(check.seen) == 2  # the random agent reaches the cap and never passes it
+
+
+def test_an_initial_map_above_the_cap_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="tying_initial_map='independent' has 4 blocks owning weights, more than max_distinct_blocks=2"):
+        make_trainer(tmp_path, tying_initial_map="independent", max_distinct_blocks=2)
 
 
 def test_decisions_happen_once_per_optimizer_step_with_gradient_accumulation(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=6, tying_interval=1, gradient_accumulation_steps=3)
     trainer.train()
-    assert [record["step"] for record in trainer.tying_records] == list(range(6))
+    records = trainer.tying_records
+    assert [record["step"] for record in records] == list(range(6))
+    # The window loss of one step is the mean of its 3 micro-batches, as the Trainer's own logged loss.
+    assert all(2.0 < record["loss"] < 6.0 for record in records)
 
 
 def test_untied_block_gets_fresh_parameters_that_train(tmp_path):
     model = tiny_model()
     shared_before = model.transformer.h[0].mlp.c_fc.weight.detach().clone()
-    # One decision at step 0 on an all-tied model; agent seed 3 makes it an untie of block 1.
-    trainer = make_trainer(
-        tmp_path, model=model, tying_strategy="random", tying_initial_map="all", tying_interval=100, max_steps=5, agent_seed=3
-    )
+    # One decision at step 0 on the all-tied start; agent seed 3 makes it an untie of block 1.
+    trainer = make_trainer(tmp_path, model=model, tying_strategy="random", tying_interval=100, max_steps=5, agent_seed=3)
     trainer.train()
     assert trainer.tying_records[0]["map"] == [0, 1, 0, 0]
 
@@ -123,16 +178,47 @@ def test_untied_block_gets_fresh_parameters_that_train(tmp_path):
 
 @pytest.mark.parametrize(
     "strategy, expected_map",
-    [("static:cycle:2", [0, 1, 0, 1]), ("static:all", [0, 0, 0, 0]), ("none", [0, 1, 2, 3]), ("random", None)],
+    [
+        ("static:cycle:2", [0, 1, 0, 1]),
+        ("static:all", [0, 0, 0, 0]),
+        ("static:0,0,2,2", [0, 0, 2, 2]),
+        ("none", [0, 1, 2, 3]),
+        ("random", None),
+        ("similarity:2", None),
+    ],
 )
 def test_every_strategy_runs_through_the_same_trainer(tmp_path, strategy, expected_map):
-    trainer = make_trainer(tmp_path, tying_strategy=strategy, max_steps=6)
+    trainer = make_trainer(tmp_path, tying_strategy=strategy, max_steps=6, similarity_warmup_steps=2)
     result = trainer.train()
     assert result.global_step == 6
     if expected_map is not None:
         assert trainer.model.tying_map.to_list() == expected_map
     if strategy == "random":
-        assert all(record["explored"] for record in trainer.tying_records if "explored" in record)
+        assert all(record["explored"] for record in trainer.tying_records)
+    if strategy.startswith("similarity"):
+        (record,) = trainer.tying_records
+        assert record["step"] == 2 and record["distinct_blocks"] == 2 and len(record["angular_distances"]) == 4
+        assert trainer.model.tying_map.num_distinct == 2
+
+
+def test_the_paper_variant_runs_through_the_trainer_with_its_own_agent(tmp_path):
+    trainer = make_trainer(tmp_path, dlt_variant="paper", max_steps=8)
+    trainer.train()
+    assert isinstance(trainer.controller.agent, PaperAgent)
+    assert trainer.controller.reward.kind == "clipped_negative_perplexity"
+    assert all(record["reward"] == -10.0 for record in trainer.tying_records)  # loss > log(10): no signal
+
+
+def test_a_held_out_reward_is_evaluated_in_micro_batch_chunks(tmp_path):
+    sizes = []
+    model = tiny_model()
+    trainer = make_trainer(tmp_path, model=model, reward_source="held_out", reward_batch_size=10, max_steps=6)
+    handle = model.transformer.register_forward_hook(lambda module, args, output: sizes.append(output[0].shape[0]))
+    trainer.train()
+    handle.remove()
+    assert max(sizes) == 4  # per_device_train_batch_size: the reward never runs a larger batch
+    rewards = [record["reward"] for record in trainer.tying_records]
+    assert all(isinstance(reward, float) for reward in rewards)
 
 
 def test_decisions_are_logged_to_log_history_jsonl_and_a_plot(tmp_path):
@@ -141,13 +227,23 @@ def test_decisions_are_logged_to_log_history_jsonl_and_a_plot(tmp_path):
     trainer.save_model()
 
     logged = [entry for entry in trainer.state.log_history if "tying/map" in entry]
-    assert len(logged) == 4
+    assert len(logged) == 5  # 4 decisions, and the last one's reward after training
     assert {"tying/distinct_blocks", "tying/trainable_parameters", "tying/epsilon"} <= set(logged[0])
-    assert {"tying/reward", "tying/q_loss", "tying/held_out_loss"} <= set(logged[1])
-    lines = (tmp_path / TYING_HISTORY_NAME).read_text().splitlines()
-    assert [json.loads(line)["map"] for line in lines] == [record["map"] for record in trainer.tying_records]
+    assert {"tying/reward", "tying/loss", "tying/advantage", "tying/q_error"} <= set(logged[1])
+    rows = [json.loads(line) for line in (tmp_path / TYING_HISTORY_NAME).read_text().splitlines()]
+    assert rows == trainer.tying_records and len(rows) == 4
     image = plt.imread(tmp_path / TYING_PLOT_NAME)
     assert image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_a_fresh_run_starts_a_fresh_history_and_writes_strict_json(tmp_path):
+    (tmp_path / TYING_HISTORY_NAME).write_text('{"from": "an earlier run"}\n')
+    trainer = make_trainer(tmp_path, max_steps=4)
+    trainer.controller.reward.block_cost = 0.0
+    trainer.train()
+    lines = (tmp_path / TYING_HISTORY_NAME).read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [0, 2]
+    assert "NaN" not in "".join(lines)
 
 
 def test_resume_from_checkpoint_equals_the_uninterrupted_run(tmp_path):
@@ -161,11 +257,12 @@ def test_resume_from_checkpoint_equals_the_uninterrupted_run(tmp_path):
     resumed.train(resume_from_checkpoint=str(checkpoint))
 
     assert resumed.model.tying_map == uninterrupted.model.tying_map
-    assert [record["map"] for record in resumed.tying_records] == [record["map"] for record in uninterrupted.tying_records]
+    assert_records_close(resumed.tying_records, uninterrupted.tying_records)
     final, expected = resumed.model.state_dict(), uninterrupted.model.state_dict()
     for name in expected:
         torch.testing.assert_close(final[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
-    assert resumed.agent.state_dict()["epsilon"] == uninterrupted.agent.state_dict()["epsilon"]
+    history = [json.loads(line) for line in (tmp_path / "resumed" / TYING_HISTORY_NAME).read_text().splitlines()]
+    assert_records_close(history, uninterrupted.tying_records)
 
 
 def test_tying_strategy_on_a_model_without_tied_blocks_is_rejected(tmp_path):
@@ -191,13 +288,26 @@ def test_maps_that_do_not_fit_the_model_are_rejected_at_construction(tmp_path, o
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(tying_interval=0), "tying_interval=0"),
-        (dict(epsilon_start=1.5), "epsilon_start=1.5"),
-        (dict(epsilon_decay=0.0), "epsilon_decay=0.0"),
-        (dict(q_gamma=-0.1), "q_gamma=-0.1"),
-        (dict(tying_strategy="static"), "needs a map spec"),
+        (dict(tying_interval=0), "tying_interval must be an integer >= 1"),
+        (dict(tying_interval=2.5), "tying_interval must be an integer >= 1 .*got 2.5"),
+        (dict(tying_interval=True), "tying_interval must be an integer >= 1 .*got True"),
+        (dict(tying_interval="5"), "tying_interval must be an integer >= 1 .*got '5'"),
+        (dict(epsilon_start=1.5), r"epsilon_start must be a number in \[0.0, 1.0\], got 1.5"),
+        (dict(epsilon_decay=0.9), "epsilon_decay is only used by dlt_variant 'paper', not 'default'"),
+        (dict(q_gamma=-0.1), r"q_gamma must be a number in \[0.0, 1.0\], got -0.1"),
+        (dict(q_forgetting=2.0), "q_forgetting must be a number in"),
+        (dict(agent_seed=2**70), r"agent_seed must be an integer \(and below 2\*\*63\)"),
+        (dict(max_distinct_blocks=0), "max_distinct_blocks must be an integer >= 1"),
+        (dict(reward_block_cost=-1.0), "reward_block_cost must be a finite number >= 0"),
+        (dict(dlt_variant="clever"), "dlt_variant='clever': expected one of 'default', 'paper'"),
+        (dict(reward_source="test"), "reward_source='test': expected 'train' or 'held_out'"),
+        (dict(tying_strategy="static"), "needs an argument"),
         (dict(tying_strategy="static:bogus"), "unknown tying strategy 'bogus'"),
+        (dict(tying_strategy="static:0,2"), r"tying_map\[1\] = 2 is a forward reference"),
+        (dict(tying_strategy="similarity:x"), "similarity needs the number of distinct blocks"),
         (dict(tying_strategy="learned"), "tying_strategy='learned'"),
+        (dict(tying_strategy=None), "tying_strategy must be a string, got None"),
+        (dict(tying_strategy=["dlt"]), r"tying_strategy must be a string, got \['dlt'\]"),
         (dict(tying_strategy="none", tying_initial_map="all"), "tying_initial_map is only used"),
     ],
 )
@@ -206,9 +316,9 @@ def test_invalid_arguments_fail_at_construction_naming_the_argument(tmp_path, ov
         tying_args(tmp_path, **overrides)
 
 
-def test_dlt_without_held_out_data_is_rejected(tmp_path):
-    with pytest.raises(ValueError, match="needs held-out data for its reward"):
-        TyingTrainer(model=tiny_model(), args=tying_args(tmp_path), train_dataset=token_dataset())
+def test_a_held_out_reward_without_held_out_data_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="reward_source='held_out' needs held-out data for the reward"):
+        TyingTrainer(model=tiny_model(), args=tying_args(tmp_path, reward_source="held_out"), train_dataset=token_dataset())
 
 
 def test_decisions_reach_tensorboard(tmp_path):
@@ -220,6 +330,6 @@ def test_decisions_reach_tensorboard(tmp_path):
     events = EventAccumulator(str(run_dir))
     events.Reload()
     distinct = events.Scalars("train/tying/distinct_blocks")  # the callback prefixes "train/"
-    assert [event.step for event in distinct] == [0, 2, 4]
-    assert [event.value for event in distinct] == [record["distinct_blocks"] for record in trainer.tying_records]
+    assert [event.step for event in distinct][:3] == [0, 2, 4]
+    assert [event.value for event in distinct][:3] == [record["distinct_blocks"] for record in trainer.tying_records]
     assert "train/tying/reward" in events.Tags()["scalars"]

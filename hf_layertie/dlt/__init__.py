@@ -1,7 +1,26 @@
-"""Dynamic Layer Tying's decision maker: a Q-learning agent over tying maps, usable without the Trainer."""
+"""Dynamic Layer Tying's decision maker, usable without the Trainer: agents, reward, controller, synthetic problem."""
 
-from .agent import AgentConfig, Decision, TyingAgent
-from .q_network import TyingQNetwork
+from .agent import AfterstateAgent, Decision, PaperAgent, RandomAgent, TyingAgent, make_agent
+from .config import VARIANT_DEFAULTS, VARIANTS, AgentConfig
+from .controller import TyingController
 from .reward import TyingReward
+from .synthetic import SyntheticTyingProblem, run_synthetic
+from .value import AfterstateValue, PaperQNetwork
 
-__all__ = ["AgentConfig", "Decision", "TyingAgent", "TyingQNetwork", "TyingReward"]
+__all__ = [
+    "VARIANTS",
+    "VARIANT_DEFAULTS",
+    "AfterstateAgent",
+    "AfterstateValue",
+    "AgentConfig",
+    "Decision",
+    "PaperAgent",
+    "PaperQNetwork",
+    "RandomAgent",
+    "SyntheticTyingProblem",
+    "TyingAgent",
+    "TyingController",
+    "TyingReward",
+    "make_agent",
+    "run_synthetic",
+]

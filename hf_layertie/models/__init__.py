@@ -16,7 +16,7 @@ from .modeling_tied_qwen2 import TiedQwen2ForCausalLM
 from .tied_blocks import ParameterCounts, RetieReport, TiedBlocksMixin
 from .tying_config import TyingConfigMixin
 from .tying_map import TyingMap
-from .tying_strategies import STRATEGY_NAMES, check_strategy_spec, parse_strategy, resolve_tying_map
+from .tying_strategies import STRATEGY_NAMES, check_static_spec, check_strategy_spec, parse_strategy, resolve_tying_map
 
 # Every tied model class by `model_type` ("tied_llama", ...), with the Auto class it registers for.
 TIED_MODELS = {
@@ -48,6 +48,7 @@ __all__ = [
     "TiedQwen2ForCausalLM",
     "TyingConfigMixin",
     "TyingMap",
+    "check_static_spec",
     "check_strategy_spec",
     "parse_strategy",
     "resolve_tying_map",

@@ -107,13 +107,31 @@ class TyingMap(Sequence):
     def with_decision(self, block: int, source: int) -> TyingMap:
         """The map after tying `block` to `source` (or untying it when `source == block`).
 
-        Blocks that were tied to `block` follow it: they resolve to `block`'s new root.
+        Only `block` changes what it computes with: a tied `source` resolves to its root, and when
+        `block` owned weights that other blocks used, those blocks keep them, the smallest of them
+        becoming their owner. (Moving a whole group with one decision would let a single action
+        change many blocks at once, which neither the agent's credit assignment nor a budget on
+        distinct blocks can reason about.)
         """
         if not 0 <= block < len(self):
             raise ValueError(f"block {block} is out of range for a map of {len(self)} blocks")
         entries = list(self.entries)
+        if source != block:
+            followers = [other for other in range(block + 1, len(self)) if entries[other] == block]
+            for other in followers:
+                entries[other] = followers[0]
         entries[block] = source
         return TyingMap(entries)
+
+    def decision_options(self, block: int) -> list[int]:
+        """The distinct choices of `block`: stay (or become) independent, or use an earlier block that owns weights.
+
+        Tying to a tied block means tying to its root, so only roots are offered: every option leads to a
+        different map.
+        """
+        if not 1 <= block < len(self):
+            raise ValueError(f"block must be in 1..{len(self) - 1} (block 0 is always independent), got {block}")
+        return [block] + [root for root in self.independent_blocks if root < block]
 
     def render(self) -> str:
         """One line, one number per block, e.g. `0 0 0 3 3 5`."""

@@ -91,9 +91,28 @@ def parse_strategy(spec: str, num_blocks: int) -> TyingMap:
     return TyingMap(_WITH_DISTINCT[name](num_blocks, distinct))
 
 
-def resolve_tying_map(text: str, num_blocks: int) -> TyingMap:
-    """A map from either a strategy spec (`"cycle:4"`) or explicit entries (`"0 0 2 2"` or `"0,0,2,2"`)."""
+def _explicit_entries(text: str) -> list[int] | None:
+    """`"0 0 2 2"` or `"0,0,2,2"` as integers; None when `text` is not a list of integers."""
     entries = text.replace(",", " ").split()
     if entries and all(entry.lstrip("-").isdecimal() for entry in entries):
-        return TyingMap([int(entry) for entry in entries], num_blocks=num_blocks)
+        return [int(entry) for entry in entries]
+    return None
+
+
+def check_static_spec(text: str) -> None:
+    """Validate, without knowing the model, a map given as a strategy spec or as explicit entries."""
+    if not isinstance(text, str):
+        raise ValueError(f"a tying map must be given as a string (a strategy spec or entries), got {text!r}")
+    entries = _explicit_entries(text)
+    if entries is not None:
+        TyingMap(entries)
+    else:
+        check_strategy_spec(text)
+
+
+def resolve_tying_map(text: str, num_blocks: int) -> TyingMap:
+    """A map from either a strategy spec (`"cycle:4"`) or explicit entries (`"0 0 2 2"` or `"0,0,2,2"`)."""
+    entries = _explicit_entries(text)
+    if entries is not None:
+        return TyingMap(entries, num_blocks=num_blocks)
     return parse_strategy(text, num_blocks)

@@ -1,133 +1,223 @@
-"""`TyingTrainingArguments`: every knob of Dynamic Layer Tying, next to the Trainer that reads them."""
+"""`TyingTrainingArguments`: the tying method's command-line settings, next to the Trainer that reads them.
+
+The agent's settings live in `hf_layertie.dlt.AgentConfig` and the reward's in `hf_layertie.dlt.TyingReward`,
+which own their defaults and validation; the fields here are their command-line names, and errors are
+re-raised under those names.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from ..models.tying_strategies import check_strategy_spec
+from ..dlt import VARIANT_DEFAULTS, VARIANTS, AgentConfig, TyingReward
+from ..dlt.config import _check_integer
+from ..models.tying_strategies import check_static_spec
 
-TYING_MODES = ("dlt", "random", "static", "none")
+TYING_MODES = ("dlt", "random", "static", "similarity", "none")
+REWARD_SOURCES = ("train", "held_out")
+# AgentConfig field -> command-line name.
+AGENT_ARGUMENTS = {
+    "variant": "dlt_variant",
+    "max_distinct_blocks": "max_distinct_blocks",
+    "gamma": "q_gamma",
+    "epsilon_start": "epsilon_start",
+    "epsilon_min": "epsilon_min",
+    "epsilon_decay": "epsilon_decay",
+    "exploration_fraction": "exploration_fraction",
+    "forgetting": "q_forgetting",
+    "ridge": "q_ridge",
+    "hidden_size": "q_hidden_size",
+    "learning_rate": "q_learning_rate",
+    "weight_decay": "q_weight_decay",
+    "seed": "agent_seed",
+}
+
+
+def _variant_help(name: str) -> str:
+    values = [f"{variant}: {table[name]}" for variant, table in VARIANT_DEFAULTS.items() if name in table]
+    return f"None = the variant's value ({'; '.join(values)})."
 
 
 @dataclass
 class TyingTrainingArguments(TrainingArguments):
     r"""
-    [`TrainingArguments`] plus the tying method. Defaults follow Hay & Wolf (ICLR 2024) where the paper
-    gives a value.
+    [`TrainingArguments`] plus the tying method (see `hf_layertie.dlt` for the agent and the README for every choice).
 
     tying_strategy (`str`, defaults to `"dlt"`):
-        `dlt`: a Q-learning agent decides the map (the method). `random`: the same schedule with uniformly
-        random actions (ablation). `static:<spec>`: a fixed map from a strategy (`static:all`, `static:cycle:4`,
-        `static:sequence:3`, `static:cycle_rev:3`, `static:sandwich`, `static:independent`). `none`:
-        conventional training, no tying code runs (also on plain transformers models).
+        `dlt`: a learning agent decides the map (the method). `random`: the same schedule, options and cap with
+        uniformly random actions (ablation). `static:<spec>`: a fixed map, from a strategy (`static:all`,
+        `static:cycle:4`, `static:sequence:3`, ...) or explicit entries (`static:0,0,2,2`). `similarity:U`: after
+        `similarity_warmup_steps` steps with every block independent, tie blocks by their functional similarity
+        to U distinct blocks (`hf_layertie.block_similarity`). `none`: conventional training, no tying code runs.
+    dlt_variant (`str`, defaults to `"default"`):
+        The agent of `dlt` and the options of `random`: `"default"` (this library's agent) or `"paper"` (Hay & Wolf's
+        algorithm as the authors' code runs it; see `hf_layertie.dlt.config`).
     tying_initial_map (`str`, *optional*):
-        The map `dlt` and `random` start from: a strategy spec (`"all"`) or explicit entries (`"0 0 2 2"`).
-        Defaults to every block independent, as in the paper.
+        The map `dlt` and `random` start from: a strategy spec or entries. Defaults to every block tied to block 0,
+        as in the paper: the memory saving comes from that start.
     tying_interval (`int`, defaults to 15):
-        k, optimizer steps between two decisions. The reward of a decision is measured k steps after it.
-    q_hidden_size (`int`, defaults to 128):
-        Width of the Q-network's hidden layer (the paper does not state it).
-    q_learning_rate (`float`, defaults to 1e-3), q_gamma (`float`, defaults to 0.99):
-        Adam learning rate and discount of the Q-learning agent.
-    epsilon_start / epsilon_decay / epsilon_min (`float`, defaults to 1.0 / 0.95 / 0.1):
-        Epsilon-greedy exploration; epsilon decays once per sweep over blocks 1..L-1.
-    reward_measure (`str`, defaults to `"improvement"`):
-        The quality part of the reward: `"improvement"`, the held-out loss when the action was taken minus the
-        held-out loss k steps later, or `"loss"`, minus the held-out loss k steps later. Both carry signal at every
-        stage of training (the authors' -perplexity clipped to [-10, 10] is constant while perplexity > 10);
-        `"improvement"` also removes the steady fall of the loss over training, which otherwise makes every map
-        visited late look better than every map visited early (see `hf_layertie.dlt.reward`).
-    reward_block_cost (`float`, defaults to 0.01):
-        Nats of held-out loss the user is willing to pay per distinct block: the reward is
-        `quality - reward_block_cost * distinct_blocks` (minus the budget term). 0 optimises quality only.
-    reward_distinct_budget (`int`, *optional*) and reward_budget_penalty (`float`, defaults to 1.0):
-        A soft budget: every distinct block above the budget costs `reward_budget_penalty` nats more.
+        k, optimizer steps between two decisions (the paper's 15). A decision's reward is the loss of the k steps after it.
+    max_distinct_blocks (`int`, *optional*):
+        Hard cap on blocks that own weights at every step (so on training memory): options beyond it are never offered.
+    q_gamma, epsilon_start, epsilon_min, epsilon_decay, exploration_fraction, q_forgetting, q_ridge, q_hidden_size,
+    q_learning_rate, q_weight_decay (*optional*):
+        The agent's settings (`AgentConfig`'s `gamma`, ..., `weight_decay`); None takes the variant's value.
+    reward_source (`str`, defaults to `"train"`):
+        The loss a decision is rewarded with: `"train"`, the mean training loss of the k steps after it (free: each
+        batch is scored before the model trains on it), or `"held_out"`, the loss of a fixed held-out batch after
+        them (costs a forward pass of `reward_batch_size` examples per decision, in micro-batch-sized chunks).
+    reward_block_cost (`float`, defaults to 0.0):
+        Nats of loss one more block owning weights is worth to you (`TyingReward.block_cost`).
     reward_batch_size (`int`, defaults to 16):
-        Held-out examples (the first ones of the reward dataset, fixed for the whole run) whose loss is the reward.
+        `reward_source="held_out"`: examples of the reward dataset (its first ones, fixed for the run) scored per decision.
     agent_seed (`int`, *optional*):
-        Seed of the agent's own random generator; defaults to `seed`.
+        Seed of the agent's own generator; defaults to `seed`.
+    similarity_warmup_steps (`int`, defaults to 0):
+        `similarity:U`: steps trained with every block independent before the blocks are compared (0 measures the
+        model as loaded, e.g. a converted pretrained checkpoint; a model trained from scratch needs a warm-up).
     tying_plot (`bool`, defaults to `True`):
         Write `tying_map.png` (blocks x steps, one colour per source block) next to saved models.
     """
 
-    tying_strategy: str = field(default="dlt", metadata={"help": "dlt | random | static:<spec> | none"})
+    tying_strategy: str = field(
+        default="dlt", metadata={"help": "dlt | random | static:<spec or entries> | similarity:U | none"}
+    )
+    dlt_variant: str = field(default="default", metadata={"help": "Agent of dlt: 'default' or 'paper'."})
     tying_initial_map: str | None = field(
-        default=None, metadata={"help": "Start map for dlt/random: a strategy spec ('all') or entries ('0 0 2 2')."}
+        default=None, metadata={"help": "Start map of dlt/random: a spec ('all') or entries ('0 0 2 2'). Default: all tied."}
     )
     tying_interval: int = field(default=15, metadata={"help": "k: optimizer steps between two tying decisions."})
-    q_hidden_size: int = field(default=128, metadata={"help": "Hidden width of the Q-network MLP."})
-    q_learning_rate: float = field(default=1e-3, metadata={"help": "Adam learning rate of the Q-network."})
-    q_gamma: float = field(default=0.99, metadata={"help": "Discount factor of the Q-learning target."})
-    epsilon_start: float = field(default=1.0, metadata={"help": "Initial exploration rate."})
-    epsilon_decay: float = field(default=0.95, metadata={"help": "Exploration decay per sweep over the blocks."})
-    epsilon_min: float = field(default=0.1, metadata={"help": "Exploration floor."})
-    reward_measure: str = field(
-        default="improvement", metadata={"help": "Reward quality term: 'improvement' (loss drop over k steps) or 'loss'."}
+    max_distinct_blocks: int | None = field(
+        default=None, metadata={"help": "Hard cap on blocks owning weights (training memory) at every step."}
     )
-    reward_block_cost: float = field(
-        default=0.01, metadata={"help": "Reward cost in nats per distinct (trainable) block."}
+    q_gamma: float | None = field(default=None, metadata={"help": f"Discount of future rewards. {_variant_help('gamma')}"})
+    epsilon_start: float | None = field(
+        default=None, metadata={"help": f"Initial exploration rate. {_variant_help('epsilon_start')}"}
     )
-    reward_distinct_budget: int | None = field(
-        default=None, metadata={"help": "Soft budget of distinct blocks; each block above costs reward_budget_penalty."}
+    epsilon_min: float | None = field(default=None, metadata={"help": f"Exploration floor. {_variant_help('epsilon_min')}"})
+    epsilon_decay: float | None = field(
+        default=None, metadata={"help": f"Paper: exploration factor per sweep. {_variant_help('epsilon_decay')}"}
     )
-    reward_budget_penalty: float = field(default=1.0, metadata={"help": "Nats per distinct block above the budget."})
-    reward_batch_size: int = field(default=16, metadata={"help": "Held-out examples whose loss gives the reward."})
+    exploration_fraction: float | None = field(
+        default=None,
+        metadata={"help": f"Default: share of decisions over which epsilon falls. {_variant_help('exploration_fraction')}"},
+    )
+    q_forgetting: float | None = field(
+        default=None, metadata={"help": f"Default: least-squares forgetting per decision. {_variant_help('forgetting')}"}
+    )
+    q_ridge: float | None = field(default=None, metadata={"help": f"Default: prior precision. {_variant_help('ridge')}"})
+    q_hidden_size: int | None = field(
+        default=None, metadata={"help": f"Paper: Q-network hidden width. {_variant_help('hidden_size')}"}
+    )
+    q_learning_rate: float | None = field(
+        default=None, metadata={"help": f"Paper: Q-network AdamW learning rate. {_variant_help('learning_rate')}"}
+    )
+    q_weight_decay: float | None = field(
+        default=None, metadata={"help": f"Paper: Q-network AdamW weight decay. {_variant_help('weight_decay')}"}
+    )
+    reward_source: str = field(default="train", metadata={"help": "'train' (free) or 'held_out' (a fixed batch)."})
+    reward_block_cost: float = field(default=0.0, metadata={"help": "Reward cost in nats per block owning weights."})
+    reward_batch_size: int = field(default=16, metadata={"help": "reward_source='held_out': examples scored."})
     agent_seed: int | None = field(default=None, metadata={"help": "Seed of the agent (defaults to --seed)."})
+    similarity_warmup_steps: int = field(
+        default=0, metadata={"help": "similarity:U: independent steps before the blocks are compared."}
+    )
     tying_plot: bool = field(default=True, metadata={"help": "Write tying_map.png next to saved models."})
 
     def __post_init__(self):
         super().__post_init__()
-        self._check_tying_arguments()
         if self.agent_seed is None:
             self.agent_seed = self.seed
+        self._check_tying_arguments()
+
+    @classmethod
+    def tying_fields(cls) -> list[str]:
+        """The names this class adds to `TrainingArguments` (what a model card lists as the tying set-up)."""
+        own = {item.name for item in dataclasses.fields(TrainingArguments)}
+        return [item.name for item in dataclasses.fields(cls) if item.name not in own]
 
     @property
     def tying_mode(self) -> str:
-        """`dlt`, `random`, `static` or `none`."""
+        """`dlt`, `random`, `static`, `similarity` or `none`."""
         return self.tying_strategy.split(":", 1)[0]
 
     @property
-    def static_spec(self) -> str | None:
-        """The strategy spec of `static:<spec>`, else `None`."""
-        return self.tying_strategy.partition(":")[2] if self.tying_mode == "static" else None
+    def strategy_argument(self) -> str | None:
+        """What follows `static:` or `similarity:`, else None."""
+        return self.tying_strategy.partition(":")[2] if self.tying_mode in ("static", "similarity") else None
 
     @property
     def is_dynamic(self) -> bool:
+        """Whether an agent (learning or random) changes the map during training."""
         return self.tying_mode in ("dlt", "random")
 
+    @property
+    def similarity_distinct_blocks(self) -> int:
+        return int(self.strategy_argument)
+
+    def agent_config(self) -> AgentConfig:
+        """The agent's settings (validated when these arguments were built)."""
+        values = {name: getattr(self, argument) for name, argument in AGENT_ARGUMENTS.items()}
+        try:
+            return AgentConfig(**values)
+        except ValueError as error:
+            raise ValueError(_command_line_names(str(error), AGENT_ARGUMENTS)) from None
+
+    def tying_reward(self) -> TyingReward:
+        try:
+            return TyingReward.for_variant(self.dlt_variant, block_cost=self.reward_block_cost)
+        except ValueError as error:
+            raise ValueError(_command_line_names(str(error), {"block_cost": "reward_block_cost"})) from None
+
     def _check_tying_arguments(self) -> None:
-        mode = self.tying_mode
-        if mode not in TYING_MODES:
-            raise ValueError(
-                f"tying_strategy={self.tying_strategy!r}: expected 'dlt', 'random', 'static:<spec>' or 'none'"
-            )
-        if mode == "static":
-            if not self.static_spec:
-                raise ValueError("tying_strategy='static' needs a map spec, e.g. 'static:cycle:4' or 'static:all'")
-            try:
-                check_strategy_spec(self.static_spec)
-            except ValueError as error:
-                raise ValueError(f"tying_strategy={self.tying_strategy!r}: {error}") from None
-        elif ":" in self.tying_strategy:
-            raise ValueError(f"tying_strategy={self.tying_strategy!r}: only 'static' takes a ':<spec>' part")
+        for name in ("tying_strategy", "dlt_variant", "reward_source"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a string, got {getattr(self, name)!r}")
+        if self.tying_initial_map is not None and not isinstance(self.tying_initial_map, str):
+            raise ValueError(f"tying_initial_map must be a string such as 'all' or '0 0 2 2', got {self.tying_initial_map!r}")
+        self._check_strategy()
+        if self.dlt_variant not in VARIANTS:
+            raise ValueError(f"dlt_variant={self.dlt_variant!r}: expected one of {', '.join(map(repr, VARIANTS))}")
+        if self.reward_source not in REWARD_SOURCES:
+            raise ValueError(f"reward_source={self.reward_source!r}: expected 'train' or 'held_out'")
+        for name, minimum in (("tying_interval", 1), ("reward_batch_size", 1), ("similarity_warmup_steps", 0)):
+            _check_integer(name, getattr(self, name), minimum=minimum)
         if self.tying_initial_map is not None and not self.is_dynamic:
             raise ValueError(f"tying_initial_map is only used by 'dlt' and 'random', not by {self.tying_strategy!r}")
-        checks = [
-            ("reward_measure", self.reward_measure in ("improvement", "loss"), "'improvement' or 'loss'"),
-            ("tying_interval", self.tying_interval >= 1, "an integer >= 1"),
-            ("q_hidden_size", self.q_hidden_size >= 1, "an integer >= 1"),
-            ("q_learning_rate", self.q_learning_rate > 0, "> 0"),
-            ("q_gamma", 0.0 <= self.q_gamma <= 1.0, "in [0, 1]"),
-            ("epsilon_start", 0.0 <= self.epsilon_start <= 1.0, "in [0, 1]"),
-            ("epsilon_decay", 0.0 < self.epsilon_decay <= 1.0, "in (0, 1]"),
-            ("epsilon_min", 0.0 <= self.epsilon_min <= 1.0, "in [0, 1]"),
-            ("reward_block_cost", self.reward_block_cost >= 0, ">= 0"),
-            ("reward_budget_penalty", self.reward_budget_penalty >= 0, ">= 0"),
-            ("reward_distinct_budget", self.reward_distinct_budget is None or self.reward_distinct_budget >= 1, ">= 1"),
-            ("reward_batch_size", self.reward_batch_size >= 1, "an integer >= 1"),
-        ]
-        for name, valid, expected in checks:
-            if not valid:
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: expected {expected}")
+        if self.is_dynamic:
+            self.agent_config()
+            self.tying_reward()
+
+    def _check_strategy(self) -> None:
+        mode, argument = self.tying_mode, self.strategy_argument
+        if mode not in TYING_MODES:
+            raise ValueError(
+                f"tying_strategy={self.tying_strategy!r}: expected 'dlt', 'random', 'static:<spec>', 'similarity:U' or 'none'"
+            )
+        if mode in ("static", "similarity") and not argument:
+            example = "'static:cycle:4' or 'static:0,0,2,2'" if mode == "static" else "'similarity:4'"
+            raise ValueError(f"tying_strategy={self.tying_strategy!r} needs an argument, e.g. {example}")
+        if mode == "static":
+            try:
+                check_static_spec(argument)
+            except ValueError as error:
+                raise ValueError(f"tying_strategy={self.tying_strategy!r}: {error}") from None
+        elif mode == "similarity" and not (argument.isdecimal() and int(argument) >= 1):
+            raise ValueError(
+                f"tying_strategy={self.tying_strategy!r}: similarity needs the number of distinct blocks, a positive "
+                f"integer, as in 'similarity:4'"
+            )
+        elif mode not in ("static", "similarity") and ":" in self.tying_strategy:
+            raise ValueError(f"tying_strategy={self.tying_strategy!r}: only 'static' and 'similarity' take a ':' argument")
+
+
+def _command_line_names(message: str, names: dict[str, str]) -> str:
+    """`message` with every field name replaced by its command-line name."""
+    for name, argument in names.items():
+        if name != argument:
+            message = re.sub(rf"(?<![\w.]){name}\b", argument, message)
+    return message

@@ -1,18 +1,18 @@
 """`TyingTrainer`: transformers' Trainer with Dynamic Layer Tying inside `training_step`.
 
-Every `tying_interval` optimizer steps, on the first micro-batch of that step (so exactly once per
-optimizer step, whatever the gradient accumulation), the trainer:
+Every `tying_interval` optimizer steps, on the first micro-batch of that step (so exactly once per optimizer
+step, whatever the gradient accumulation), the trainer:
 
-1. measures the held-out loss of the fixed reward batch: with the loss measured at the previous
-   decision, it gives that decision's reward `k` steps after it, and the agent learns from it;
-2. asks the agent for the next decision (rank 0 only) and broadcasts the resulting map to every rank;
-3. re-ties the model on every rank, then brings the optimizer (`sync_optimizer_with_model`) and the
-   DDP wrapper (`rebuild_data_parallel`) in line with the model's Parameters;
-4. logs the decision through `Trainer.log` and appends it to `tying_history.jsonl`.
+1. measures the loss of the steps since the last decision (the mean training loss the Trainer computed, or a
+   fixed held-out batch), which is that decision's reward;
+2. lets the `TyingController` learn from it and propose the next decision (rank 0), and broadcasts the map;
+3. re-ties the model on every rank, then brings the optimizer (`sync_optimizer_with_model`) and the DDP
+   wrapper (`rebuild_data_parallel`) in line with the model's Parameters;
+4. logs the completed decision through `Trainer.log` and appends it to `tying_history.jsonl`.
 
-Static strategies apply their map once, at construction; `none` runs the plain Trainer.
-Checkpoints carry the agent (`tying_state.pt`) next to a model whose config holds that step's map;
-`resume_from_checkpoint` re-ties the model to the checkpoint's map before loading its weights.
+`static:<spec>` applies its map at construction, `similarity:U` once after its warm-up, `none` runs the plain
+Trainer. Checkpoints carry the controller (`tying_state.pt`) next to a model whose config holds that step's
+map; resuming re-ties the model to the checkpoint's map before loading its weights.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -29,7 +30,8 @@ from accelerate.utils import broadcast_object_list
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..dlt import AgentConfig, TyingAgent, TyingReward
+from ..block_similarity import block_angular_distances, similarity_tying_map
+from ..dlt import TyingController, make_agent
 from ..model_card import write_model_card
 from ..models.tied_blocks import RetieReport, TiedBlocksMixin
 from ..models.tying_map import TyingMap
@@ -43,20 +45,26 @@ logger = logging.getLogger(__name__)
 TYING_STATE_NAME = "tying_state.pt"
 TYING_HISTORY_NAME = "tying_history.jsonl"
 TYING_PLOT_NAME = "tying_map.png"
+# Where the agent's wall time goes (`TyingTrainer.tying_seconds`).
+OVERHEAD_PARTS = ("reward", "decision", "retie", "optimizer_sync", "ddp_rebuild", "logging")
 
 
 class TyingTrainer(Trainer):
     """A `transformers.Trainer` that learns (or fixes) which transformer blocks share weights.
 
     Args:
-        model: a tied model (`TiedGPT2LMHeadModel`, `TiedBertForMaskedLM` or any `TiedBlocksMixin` model);
+        model: a tied model (`TiedGPT2LMHeadModel`, `TiedBertForMaskedLM`, ... any `TiedBlocksMixin` model);
             any model for `tying_strategy="none"`.
         args: `TyingTrainingArguments`.
-        reward_dataset: held-out examples for the reward (its first `reward_batch_size` examples form one
-            fixed batch). Defaults to `eval_dataset`. Never pass the test split. Required for `dlt`.
+        reward_dataset: `reward_source="held_out"`: held-out examples whose first `reward_batch_size` form the
+            fixed reward batch. Defaults to `eval_dataset`. Never pass the test split.
         model_card_kwargs: extra keyword arguments of `hf_layertie.model_card.build_model_card`
-            (`dataset_names`, `base_model`, ...) for the card written with every saved model.
+            (`dataset_names`, `base_model`, ...) for the card written with the final model.
         **kwargs: everything `Trainer` accepts.
+
+    Attributes:
+        controller: the `TyingController` of `dlt` and `random` (None otherwise).
+        tying_seconds: wall time of the tying work, by part (`OVERHEAD_PARTS`); `sum(...)` is the agent's overhead.
     """
 
     def __init__(
@@ -71,41 +79,35 @@ class TyingTrainer(Trainer):
             raise TypeError(f"TyingTrainer needs args of type TyingTrainingArguments, got {type(args).__name__}")
         super().__init__(model=model, args=args, **kwargs)
         self.model_card_kwargs = dict(model_card_kwargs or {})
-        self.tying_records: list[dict] = []
-        self.tying_seconds = 0.0  # wall time spent deciding, measuring rewards and re-tying (the agent's overhead)
-        self.agent: TyingAgent | None = None
-        self._last_decision_step: int | None = None
-        self._loss_at_last_decision: float | None = None  # held-out loss when the pending action was taken
+        self.tying_seconds = dict.fromkeys(OVERHEAD_PARTS, 0.0)
+        self.controller: TyingController | None = None
+        self._fixed_rows: list[dict] = []  # static and similarity strategies: their one decision
+        self._unwritten_rows: list[dict] = []
+        self._history_started = False
         self._reward_examples = None
-        self._reward_batch = None
+        self._reward_batches = None
         if args.tying_mode == "none":
             return
         self._check_model_can_tie()
         if args.tying_mode == "static":
-            self.model.retie(self._parse_map_argument(args.static_spec, "tying_strategy"))
-            self._record({"step": 0, **self._map_fields()})
-            return
-        if args.ddp_static_graph:
-            raise ValueError("ddp_static_graph=True cannot follow re-ties; leave it unset with a dynamic tying_strategy")
-        if args.tying_initial_map is not None:
-            self.model.retie(self._parse_map_argument(args.tying_initial_map, "tying_initial_map"))
-        self.agent = TyingAgent(len(self.model.tied_blocks), self._agent_config())
-        self.reward = TyingReward(
-            block_cost=args.reward_block_cost,
-            distinct_budget=args.reward_distinct_budget,
-            budget_penalty=args.reward_budget_penalty,
-            measure=args.reward_measure,
-        )
-        self._reward_examples = self._select_reward_examples(reward_dataset)
+            self.model.retie(self._parse_map_argument(args.strategy_argument, "tying_strategy"))
+            self._add_fixed_row(step=0)
+        elif args.is_dynamic:
+            self._set_up_agent(reward_dataset)
 
-    # ----- construction helpers -----
+    # ----- construction -----
 
     def _check_model_can_tie(self) -> None:
         if not isinstance(self.model, TiedBlocksMixin):
             raise ValueError(
                 f"tying_strategy={self.args.tying_strategy!r} needs a model with tied blocks (TiedGPT2LMHeadModel, "
-                f"TiedBertForMaskedLM or a TiedBlocksMixin model), got {type(self.model).__name__}; "
+                f"TiedBertForMaskedLM or another TiedBlocksMixin model), got {type(self.model).__name__}; "
                 f"use tying_strategy='none' for conventional training"
+            )
+        if self.args.tying_mode == "similarity" and self.args.similarity_distinct_blocks > len(self.model.tied_blocks):
+            raise ValueError(
+                f"tying_strategy={self.args.tying_strategy!r} asks for more distinct blocks than the model's "
+                f"{len(self.model.tied_blocks)}"
             )
 
     def _parse_map_argument(self, text: str, argument: str) -> TyingMap:
@@ -114,110 +116,164 @@ class TyingTrainer(Trainer):
         except ValueError as error:
             raise ValueError(f"{argument}={text!r} does not fit the model: {error}") from None
 
-    def _agent_config(self) -> AgentConfig:
+    def _set_up_agent(self, reward_dataset) -> None:
         args = self.args
-        if args.tying_mode == "random":  # the same schedule, every action uniformly random
-            epsilon_start = epsilon_decay = epsilon_min = 1.0
-        else:
-            epsilon_start, epsilon_decay, epsilon_min = args.epsilon_start, args.epsilon_decay, args.epsilon_min
-        return AgentConfig(
-            hidden_size=args.q_hidden_size,
-            learning_rate=args.q_learning_rate,
-            gamma=args.q_gamma,
-            epsilon_start=epsilon_start,
-            epsilon_decay=epsilon_decay,
-            epsilon_min=epsilon_min,
-            seed=args.agent_seed,
-        )
+        if args.ddp_static_graph:
+            raise ValueError("ddp_static_graph=True cannot follow re-ties; leave it unset with a dynamic tying_strategy")
+        start = self._parse_map_argument(args.tying_initial_map or "all", "tying_initial_map")
+        cap = args.max_distinct_blocks
+        if cap is not None and start.num_distinct > cap:
+            raise ValueError(
+                f"tying_initial_map={args.tying_initial_map!r} has {start.num_distinct} blocks owning weights, more "
+                f"than max_distinct_blocks={cap}"
+            )
+        self.model.retie(start)
+        agent = make_agent(len(self.model.tied_blocks), args.agent_config(), random_actions=args.tying_mode == "random")
+        self.controller = TyingController(agent, args.tying_reward())
+        if args.reward_source == "held_out":
+            self._reward_examples = self._select_reward_examples(reward_dataset)
 
     def _select_reward_examples(self, reward_dataset):
         dataset = reward_dataset if reward_dataset is not None else self.eval_dataset
         if isinstance(dataset, dict):
             raise ValueError("reward_dataset: several eval datasets were given; pass the held-out reward data explicitly")
         if dataset is None or len(dataset) == 0:
-            if self.args.tying_mode == "dlt":
-                raise ValueError(
-                    "tying_strategy='dlt' needs held-out data for its reward: pass reward_dataset= (or eval_dataset=), "
-                    "never the test split"
-                )
-            return None
+            raise ValueError(
+                "reward_source='held_out' needs held-out data for the reward: pass reward_dataset= (or eval_dataset=), "
+                "never the test split"
+            )
         count = min(self.args.reward_batch_size, len(dataset))
         if hasattr(dataset, "select"):
             return self._remove_unused_columns(dataset.select(range(count)), description="reward")
         return [dataset[index] for index in range(count)]
 
-    # ----- the decision, inside training_step -----
+    # ----- decisions, inside training_step -----
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if self.agent is not None and self._decision_due():
-            self._decide_and_retie()
+        if self._tying_due():
+            self._apply_tying_decision(inputs)
         # After a re-tie the DDP wrapper was rebuilt in place; `model_wrapped` is always the live one.
-        return super().training_step(self.model_wrapped, inputs, num_items_in_batch)
+        loss = super().training_step(self.model_wrapped, inputs, num_items_in_batch)
+        if self.controller is not None and self.args.reward_source == "train":
+            self.controller.observe_loss(loss)
+        return loss
 
-    def _decision_due(self) -> bool:
+    def train(self, *args, **kwargs):
+        """`Trainer.train`, then the reward of the last decision (the loss of the steps after it)."""
+        result = super().train(*args, **kwargs)
+        if self.controller is not None and self.controller.pending is not None:
+            with self._timed("reward"):
+                window_loss = self._window_loss()
+            completed = self.controller.finish(window_loss) if self.is_world_process_zero() else None
+            self._log_decision(completed, None)
+        self._flush_history()
+        return result
+
+    def _tying_due(self) -> bool:
         step = self.state.global_step
-        return step % self.args.tying_interval == 0 and step != self._last_decision_step
+        if self.controller is not None:
+            pending = self.controller.pending_row
+            return step % self.args.tying_interval == 0 and (pending is None or pending["step"] != step)
+        if self.args.tying_mode == "similarity":
+            return step >= self.args.similarity_warmup_steps and not self._fixed_rows
+        return False
 
-    def _decide_and_retie(self) -> None:
-        started = time.perf_counter()
-        self._last_decision_step = self.state.global_step
-        record = self._decide() if self.is_world_process_zero() else None
+    def _apply_tying_decision(self, inputs) -> None:
+        if self.controller is not None:
+            self._decide_with_agent()
+        else:
+            self._tie_by_similarity(inputs)
+
+    def _decide_with_agent(self) -> None:
+        step = self.state.global_step
+        with self._timed("reward"):
+            window_loss = self._window_loss()
+        with self._timed("decision"):
+            message = [None, None]
+            if self.is_world_process_zero():
+                completed_before = len(self.controller.rows)
+                planned = max(1, math.ceil(self.state.max_steps / self.args.tying_interval))
+                pending = self.controller.decide(step, self.model.tying_map, planned, window_loss)
+                completed = self.controller.rows[-1] if len(self.controller.rows) > completed_before else None
+                message = [pending, completed]
+            if self.args.world_size > 1:
+                message = broadcast_object_list(message, from_process=0)
+        pending, completed = message
+        self._retie(TyingMap(pending["map"]))
+        if self.is_world_process_zero():
+            pending.update(self._map_fields())
+        self._log_decision(completed, pending)
+
+    def _tie_by_similarity(self, inputs) -> None:
+        with self._timed("decision"):
+            message = [None]
+            if self.is_world_process_zero():
+                distances = block_angular_distances(self.model, self._prepare_inputs(dict(inputs)))
+                tying_map = similarity_tying_map(distances, self.args.similarity_distinct_blocks)
+                message = [(tying_map.to_list(), distances)]
+            if self.args.world_size > 1:
+                message = broadcast_object_list(message, from_process=0)
+        entries, distances = message[0]
+        self._retie(TyingMap(entries))
+        self._add_fixed_row(step=self.state.global_step, angular_distances=distances)
+
+    def _add_fixed_row(self, step: int, **extra) -> None:
+        row = {"index": len(self._fixed_rows), "step": step, **self._map_fields(), **extra}
+        self._fixed_rows.append(row)
+        self._log_decision(row, None)
+
+    def _window_loss(self) -> float | None:
+        """The loss of the steps since the pending decision: mean training loss over ranks, or the held-out batch."""
+        pending = self.controller.pending_row
+        if pending is None:
+            return None
+        if self.args.reward_source == "held_out":
+            return self._held_out_loss()
+        window_sum = self.controller.take_window_sum()
         if self.args.world_size > 1:
-            record = broadcast_object_list([record], from_process=0)[0]
-        report = self.model.retie(record["map"])
-        self._follow_retie(report)
-        record.update(self._map_fields())
-        self.tying_seconds += time.perf_counter() - started
-        self._record(record)
-
-    def _decide(self) -> dict:
-        """Rank 0: learn from the previous decision's reward, then propose the next decision."""
-        current = self.model.tying_map
-        outcome = {}
-        if self._reward_examples is not None:
-            held_out_loss = self._held_out_loss()
-            outcome["held_out_loss"] = held_out_loss
-            if self.agent.pending:
-                reward = self.reward(held_out_loss, current, loss_before=self._loss_at_last_decision)
-                outcome.update(reward=reward, q_loss=self.agent.learn(reward, current))
-            self._loss_at_last_decision = held_out_loss
-        decision = self.agent.propose(current)
-        return {
-            "step": self.state.global_step,
-            "block": decision.block,
-            "source": decision.source,
-            "explored": decision.explored,
-            "epsilon": decision.epsilon,
-            "map": decision.new_map.to_list(),
-            **outcome,
-        }
+            window_sum = float(self.accelerator.reduce(torch.tensor(window_sum, device=self.args.device), "mean"))
+        steps = self.state.global_step - pending["step"]
+        return window_sum / steps if steps > 0 else None
 
     @torch.no_grad()
     def _held_out_loss(self) -> float:
-        """Loss of the fixed reward batch, in eval mode (no dropout, no draw from the global RNG)."""
-        if self._reward_batch is None:
+        """Loss of the fixed reward batch in eval mode, in chunks of one training micro-batch (so it never raises
+        the memory peak), averaged over the chunks by their number of examples."""
+        if self._reward_batches is None:
+            examples = list(self._reward_examples)
+            size = self.args.per_device_train_batch_size
             # Collate once under a forked RNG: masking collators draw random numbers, and the global RNG must not move.
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(self.args.agent_seed)
-                self._reward_batch = self.data_collator(list(self._reward_examples))
+                self._reward_batches = [
+                    (self.data_collator(examples[start : start + size]), len(examples[start : start + size]))
+                    for start in range(0, len(examples), size)
+                ]
         model = self.model
         was_training = model.training
         model.eval()
         try:
-            loss = model(**self._prepare_inputs(self._reward_batch)).loss
+            total = sum(float(model(**self._prepare_inputs(batch)).loss) * count for batch, count in self._reward_batches)
         finally:
             model.train(was_training)
-        value = float(loss)
+        value = total / sum(count for _, count in self._reward_batches)
         if not math.isfinite(value):
             logger.warning(f"Held-out loss is {value} at step {self.state.global_step}; the agent will skip this reward")
         return value
+
+    def _retie(self, tying_map: TyingMap) -> None:
+        with self._timed("retie"):
+            report = self.model.retie(tying_map)
+        self._follow_retie(report)
 
     def _follow_retie(self, report: RetieReport) -> None:
         if not report.changed:
             return
         if self.optimizer is not None:
-            sync_optimizer_with_model(self.optimizer, self.model, report)
-        rebuild_data_parallel(self.model_wrapped)
+            with self._timed("optimizer_sync"):
+                sync_optimizer_with_model(self.optimizer, self.model, report)
+        with self._timed("ddp_rebuild"):
+            rebuild_data_parallel(self.model_wrapped)
 
     def _map_fields(self) -> dict:
         tying_map = self.model.tying_map
@@ -230,36 +286,66 @@ class TyingTrainer(Trainer):
             "block_parameters": counts.blocks,
         }
 
-    def _record(self, record: dict) -> None:
-        self.tying_records.append(record)
-        numbers = {
-            f"tying/{key}": value
-            for key, value in record.items()
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step",)
-        }
-        if self.state.global_step > 0 or self.is_in_train:
-            self.log({**numbers, "tying/map": record["map_text"]})
-        if self.args.should_save:
-            os.makedirs(self.args.output_dir, exist_ok=True)
-            with open(os.path.join(self.args.output_dir, TYING_HISTORY_NAME), "a") as history:
-                history.write(json.dumps(record) + "\n")
+    # ----- logging and history -----
+
+    @property
+    def tying_records(self) -> list[dict]:
+        """Every decision of the run in order, the pending one included: what the map was from which step."""
+        return self.controller.records if self.controller is not None else list(self._fixed_rows)
+
+    def _log_decision(self, completed: dict | None, pending: dict | None) -> None:
+        """Log the decision whose reward just became known and the map now in force; queue the completed row."""
+        with self._timed("logging"):
+            logs = {}
+            if completed is not None:
+                logs.update(_numbers("tying", completed, skip=("index", "step", "block", "source")))
+                self._unwritten_rows.append(completed)
+            if pending is not None:
+                logs.update(_numbers("tying", pending, skip=("index", "step", "block", "source")))
+                logs["tying/map"] = pending["map_text"]
+            elif completed is not None and "map_text" in completed:
+                logs["tying/map"] = completed["map_text"]
+            if logs and (self.state.global_step > 0 or self.is_in_train):
+                self.log(logs)
+
+    def _flush_history(self) -> None:
+        """Append the completed rows to `tying_history.jsonl`; the first write of a fresh run starts a new file."""
+        rows, self._unwritten_rows = self._unwritten_rows, []
+        if not rows or not self.args.should_save:
+            return
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        with open(os.path.join(self.args.output_dir, TYING_HISTORY_NAME), "a" if self._history_started else "w") as history:
+            history.writelines(json.dumps(row, allow_nan=False) + "\n" for row in rows)
+        self._history_started = True
+
+    @contextmanager
+    def _timed(self, part: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.tying_seconds[part] += time.perf_counter() - started
 
     # ----- checkpoints, resume and saving -----
 
     def _tying_state(self) -> dict:
         return {
-            "agent": self.agent.state_dict() if self.agent is not None else None,
-            "records": self.tying_records,
-            "last_decision_step": self._last_decision_step,
-            "loss_at_last_decision": self._loss_at_last_decision,
+            "tying_strategy": self.args.tying_strategy,
+            "settings": {name: getattr(self.args, name) for name in self.args.tying_fields() if name != "tying_plot"},
+            "controller": self.controller.state_dict() if self.controller is not None else None,
+            "fixed_rows": self._fixed_rows,
         }
 
     def _save_checkpoint(self, model, trial) -> None:
+        """The Trainer's checkpoint, then the tying state, written last and atomically (a checkpoint with a
+        `tying_state.pt` is complete), then the history so far."""
+        super()._save_checkpoint(model, trial)
         if self.args.tying_mode != "none" and self.args.should_save:
             folder = os.path.join(self._get_output_dir(trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            os.makedirs(folder, exist_ok=True)
-            torch.save(self._tying_state(), os.path.join(folder, TYING_STATE_NAME))
-        super()._save_checkpoint(model, trial)
+            partial = os.path.join(folder, TYING_STATE_NAME + ".partial")
+            torch.save(self._tying_state(), partial)
+            os.replace(partial, os.path.join(folder, TYING_STATE_NAME))
+        self._flush_history()
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         if self.args.tying_mode != "none":
@@ -275,19 +361,18 @@ class TyingTrainer(Trainer):
     def _load_tying_state(self, checkpoint: str) -> None:
         path = os.path.join(checkpoint, TYING_STATE_NAME)
         if not os.path.isfile(path):
-            if self.agent is not None:
-                raise FileNotFoundError(f"{path} is missing: cannot resume the tying agent from {checkpoint}")
-            return
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        if self.agent is not None and state["agent"] is not None:
-            self.agent.load_state_dict(state["agent"])
-        self.tying_records = list(state["records"])
-        self._last_decision_step = state["last_decision_step"]
-        self._loss_at_last_decision = state["loss_at_last_decision"]
-        if self.args.should_save:  # the history on disk restarts from the checkpoint, as the run does
-            os.makedirs(self.args.output_dir, exist_ok=True)
-            with open(os.path.join(self.args.output_dir, TYING_HISTORY_NAME), "w") as history:
-                history.writelines(json.dumps(record) + "\n" for record in self.tying_records)
+            raise FileNotFoundError(f"{path} is missing: cannot resume the tying strategy from {checkpoint}")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # torch raises several types for a truncated or foreign file
+            raise ValueError(f"{path} is not a readable tying state ({type(error).__name__}: {error})") from None
+        if self.controller is not None:
+            self.controller.load_state_dict(state["controller"])
+        self._fixed_rows = list(state["fixed_rows"])
+        # The history on disk restarts from the checkpoint, as the run does.
+        self._unwritten_rows = list(self.controller.rows if self.controller is not None else self._fixed_rows)
+        self._history_started = False
+        self._flush_history()
 
     def _issue_warnings_after_load(self, load_result) -> None:
         # Tied blocks are not stored in the checkpoint: they are restored by sharing, not missing.
@@ -296,9 +381,9 @@ class TyingTrainer(Trainer):
         super()._issue_warnings_after_load(load_result)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the model, then its tying plot and model card beside it."""
+        """Save the model; a final save (not a checkpoint's) also writes its tying plot and model card beside it."""
         super().save_model(output_dir, _internal_call)
-        if self.args.should_save and isinstance(self.model, TiedBlocksMixin):
+        if not _internal_call and self.args.should_save and isinstance(self.model, TiedBlocksMixin):
             self._write_plot_and_card(Path(output_dir if output_dir is not None else self.args.output_dir))
 
     def create_model_card(self, model_name: str | None = None, eval_results: dict | None = None, **kwargs) -> None:
@@ -331,6 +416,15 @@ class TyingTrainer(Trainer):
             return {}
         loss = evaluations[-1]["eval_loss"]
         return {"eval_loss": loss, "perplexity": math.exp(min(loss, 700.0))}
+
+
+def _numbers(prefix: str, row: dict, skip: tuple[str, ...]) -> dict:
+    """The numeric fields of `row` as `prefix/key`, for `Trainer.log` (booleans and None left out)."""
+    return {
+        f"{prefix}/{key}": value
+        for key, value in row.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in skip
+    }
 
 
 def _checkpoint_map(checkpoint: str, num_blocks: int) -> TyingMap:
