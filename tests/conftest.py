@@ -1,4 +1,4 @@
-"""Shared test set-up: offline Hub, tiny model configs, every tied model class, the shared data files."""
+"""Test set-up for every test file: offline Hub, tiny model configs, every tied model class."""
 
 import os
 
@@ -8,7 +8,6 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -21,8 +20,6 @@ from hf_layertie import TIED_MODELS  # noqa: E402
 # machine, where spinning worker threads compete with the other processes.
 torch.set_num_threads(1)
 
-# CI runs a fresh clone of the repository with `../shared` beside it.
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 # Model sizes without the number of blocks.
 TINY_GPT2 = dict(n_embd=16, n_head=2, vocab_size=100, n_positions=32, bos_token_id=0, eos_token_id=0, pad_token_id=0)

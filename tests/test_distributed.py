@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_layertie.data.embedded import SHAKESPEARE_DIR
+
 REPO = Path(__file__).resolve().parents[1]
 # The README's command for a CPU-only machine.
 LAUNCH = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
@@ -43,7 +45,7 @@ def test_two_ranks_end_with_identical_maps_and_weights_after_reties_and_an_untie
 
 
 def test_run_clm_under_accelerate_launch_on_two_processes(tmp_path):
-    lines = (REPO.parent / "shared" / "data" / "shakespeare" / "macbeth_gut.txt").read_text(encoding="utf-8").splitlines()
+    lines = (SHAKESPEARE_DIR / "macbeth_gut.txt").read_text(encoding="utf-8").splitlines()
     (tmp_path / "train.txt").write_text("\n".join(lines[:600]))
     (tmp_path / "validation.txt").write_text("\n".join(lines[2000:2100]))
     completed = launch(

@@ -2,20 +2,24 @@
 
 import hashlib
 import re
+from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from hf_layertie.data import (
+    LAMBADA_TEST_FILE,
     SHAKESPEARE_SPLITS,
     embedded_corpus_files,
     embedded_tokenizer_dir,
     load_embedded_corpus,
     load_embedded_tokenizer,
 )
+from hf_layertie.data.build_tokenizers import VOCABULARY_SIZE, build
 from hf_layertie.data.embedded import DATA_DIR, SHAKESPEARE_DIR
+from hf_layertie.lambada import read_lambada_jsonl
 
-# Known ids from the original tokenizers (see ../shared/data/README.md).
+# Known ids of the original tokenizers, as the Hub's copies give them.
 KNOWN_IDS = {"gpt2": [15496, 995], "bert-base-uncased": [101, 7592, 2088, 102]}
 MAX_LENGTHS = {"gpt2": 1024, "bert-base-uncased": 512}
 
@@ -42,14 +46,33 @@ def test_gpt2_tokenizer_is_left_without_pad_token_as_on_the_hub():
 
 
 def test_unknown_tokenizer_kind_is_rejected_by_name():
-    with pytest.raises(ValueError, match=r"one of \['bert-base-uncased', 'gpt2'\], got 'gpt3'"):
+    with pytest.raises(ValueError, match=r"one of \['bert-base-uncased', 'gpt2', 'shakespeare-bpe', 'shakespeare-wordpiece'\], got 'gpt3'"):
         load_embedded_tokenizer("gpt3")
+
+
+def test_the_shakespeare_tokenizers_are_small_and_keep_their_special_tokens():
+    bpe, wordpiece = load_embedded_tokenizer("shakespeare-bpe"), load_embedded_tokenizer("shakespeare-wordpiece")
+    assert len(bpe) == len(wordpiece) == VOCABULARY_SIZE
+    assert bpe.eos_token == "<|endoftext|>" and bpe.pad_token is None
+    assert (wordpiece.mask_token, wordpiece.pad_token, wordpiece.cls_token) == ("[MASK]", "[PAD]", "[CLS]")
+    line = "When shall we three meet again?\n"
+    assert bpe.decode(bpe(line)["input_ids"]) == line  # byte-level: lossless, line breaks included
+    assert len(bpe(line)["input_ids"]) == 8  # whole common words: one token each
+
+
+def test_the_build_script_reproduces_the_shipped_tokenizers(tmp_path):
+    build(tmp_path)
+    bpe = "tokenizers/shakespeare-bpe/tokenizer.json"
+    assert (tmp_path / "shakespeare-bpe" / "tokenizer.json").read_bytes() == (DATA_DIR / bpe).read_bytes()
+    # WordPiece training orders the initial alphabet differently from run to run; the vocabulary is the same.
+    rebuilt = AutoTokenizer.from_pretrained(tmp_path / "shakespeare-wordpiece").get_vocab()
+    assert set(rebuilt) == set(load_embedded_tokenizer("shakespeare-wordpiece").get_vocab())
 
 
 def test_readme_checksums_match_the_shipped_files():
     readme = (DATA_DIR / "README.md").read_text()
     listed = dict(re.findall(r"`([\w./-]+)`[^\n]*`([0-9a-f]{64})`", readme))
-    shipped = sorted(path for path in DATA_DIR.rglob("*.txt")) + sorted(DATA_DIR.rglob("*.json"))
+    shipped = [*DATA_DIR.rglob("*.txt"), *DATA_DIR.rglob("*.json"), *DATA_DIR.rglob("*.jsonl")]
     checksummed = [path for path in shipped if path.name != "tokenizer_config.json"]
     assert {str(path.relative_to(DATA_DIR)) for path in checksummed} == set(listed)
     for path in checksummed:
@@ -86,21 +109,25 @@ def test_no_line_of_an_evaluation_play_opens_a_training_play():
     assert not titles["train"] & (titles["validation"] | titles["test"])
 
 
-def _non_blank_lines(paths):
-    return [line for path in paths for line in path.read_text().splitlines() if line.strip()]
-
-
-def test_corpus_loads_with_datasets_one_example_per_non_blank_line():
+def test_corpus_loads_with_datasets_one_example_per_line_with_its_line_break():
     corpus = load_embedded_corpus()
     assert set(corpus) == {"train", "validation", "test"}
     for split, paths in embedded_corpus_files().items():
         texts = corpus[split]["text"]
-        assert len(texts) > 1000
-        assert list(texts) == _non_blank_lines(paths)
+        assert "".join(texts) == "".join(path.read_text(encoding="utf-8") for path in paths)
+        assert len(texts) > 3000 and "\n" in list(texts)
 
 
-def test_corpus_can_keep_blank_lines():
-    corpus = load_embedded_corpus(keep_empty_lines=True)
-    for split, paths in embedded_corpus_files().items():
-        assert corpus[split].num_rows == sum(len(path.read_text().splitlines()) for path in paths)
-        assert "" in list(corpus[split]["text"])
+def test_lambada_ships_with_its_licence_and_the_known_count():
+    assert LAMBADA_TEST_FILE.is_file() and (LAMBADA_TEST_FILE.parent / "LICENSE").is_file()
+    assert "CC BY 4.0" in (LAMBADA_TEST_FILE.parent / "LICENSE").read_text()
+    assert len(read_lambada_jsonl(LAMBADA_TEST_FILE)) == 5153
+
+
+def test_nothing_in_the_repository_reads_the_shared_folder_beside_it():
+    repository = Path(__file__).resolve().parents[1]
+    sources = [*repository.glob("*.py"), *repository.glob("hf_layertie/**/*.py"), *repository.glob("bench/**/*.py"),
+               *repository.glob("tests/**/*.py"), *repository.glob("model_cards/*.py"), repository / ".ci" / "run"]  # fmt: skip
+    pattern = re.compile(r"""["'/]shared["'/]""")
+    offenders = [str(path.relative_to(repository)) for path in sources if pattern.search(path.read_text(encoding="utf-8"))]
+    assert offenders == [str(Path(__file__).relative_to(repository))]  # only this test names it

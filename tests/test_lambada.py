@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SHARED_DATA
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DataCollatorForLanguageModeling, GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
 from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel
+from hf_layertie.data import LAMBADA_TEST_FILE, embedded_tokenizer_dir
 from hf_layertie.lambada import (
     evaluate_lambada,
     lambada_causal_lm_dataset,
@@ -27,8 +27,7 @@ from hf_layertie.lambada import (
     split_context_target,
 )
 
-LAMBADA_TEST_FILE = SHARED_DATA / "lambada" / "lambada_test.jsonl"
-GPT2_TOKENIZER_DIR = SHARED_DATA / "tokenizers" / "gpt2"
+GPT2_TOKENIZER_DIR = embedded_tokenizer_dir("gpt2")
 N_POSITIONS = 32
 
 MEMORISED = [

@@ -1,13 +1,16 @@
 """run_clm.py, run_mlm.py and run_lambada.py end to end on tiny settings, and their errors on bad input."""
 
+import csv
 import json
 import math
+import shutil
 
 import pytest
 import torch
-from conftest import SHARED_DATA
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
+from hf_layertie.data import LAMBADA_TEST_FILE
+from hf_layertie.data.embedded import SHAKESPEARE_DIR
 from hf_layertie.lambada.run import run_lambada
 from hf_layertie.language_modeling import CAUSAL_LM, MASKED_LM, run
 
@@ -16,7 +19,7 @@ TINY_BERT = "num_hidden_layers=3,hidden_size=16,num_attention_heads=2,intermedia
 
 
 def play_lines(count, start=0):
-    lines = (SHARED_DATA / "shakespeare" / "hamlet_gut.txt").read_text(encoding="utf-8").splitlines()
+    lines = (SHAKESPEARE_DIR / "julius_caesar_gut.txt").read_text(encoding="utf-8").splitlines()
     return "\n".join(line for line in lines[start : start + count] if line.strip())
 
 
@@ -71,7 +74,7 @@ def test_run_mlm_trains_a_tied_bert_with_the_embedded_vocabulary(tmp_path, text_
     assert metrics["perplexity"] == pytest.approx(math.exp(metrics["eval_loss"]))
     model = AutoModelForMaskedLM.from_pretrained(tmp_path)
     assert model.tying_map.to_list() == [0, 1, 0]
-    assert model.config.vocab_size == 30522  # bert-base-uncased, shipped with the package
+    assert model.config.vocab_size == 2048  # shakespeare-wordpiece, shipped with the package
 
 
 def test_arguments_can_come_from_a_json_file(tmp_path, text_files):
@@ -93,19 +96,64 @@ def test_arguments_can_come_from_a_json_file(tmp_path, text_files):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["tying_map"] == [0, 0, 0]
 
 
-def test_a_crashed_run_resumes_from_its_last_checkpoint(tmp_path, text_files):
-    import shutil
-
-    flags = tiny_flags(tmp_path, text_files, TINY_GPT2, "--save_steps", "4", "--do_eval", "false")
+def test_a_crashed_run_resumes_from_its_last_complete_checkpoint(tmp_path, text_files):
+    flags = tiny_flags(tmp_path, text_files, TINY_GPT2, "--save_steps", "2", "--do_eval", "false")
     run(CAUSAL_LM, flags)
     uninterrupted_history = (tmp_path / "tying_history.jsonl").read_text()
     uninterrupted_weights = (tmp_path / "model.safetensors").read_bytes()
-    # A crash after step 4: the final checkpoint and model never got written.
-    shutil.rmtree(tmp_path / "checkpoint-6")
+    # A crash during the save at step 6, after one at step 4 that was cut short: neither checkpoint is complete,
+    # and the final model and state never got written.
+    (tmp_path / "checkpoint-6" / "tying_state.pt").unlink()
+    (tmp_path / "checkpoint-4" / "trainer_state.json").unlink()
     (tmp_path / "model.safetensors").unlink()
-    run(CAUSAL_LM, flags)  # the same command again picks up checkpoint-4
+    (tmp_path / "trainer_state.json").unlink()
+    run(CAUSAL_LM, flags)  # the same command again skips both and resumes from checkpoint-2
     assert (tmp_path / "tying_history.jsonl").read_text() == uninterrupted_history
     assert (tmp_path / "model.safetensors").read_bytes() == uninterrupted_weights
+
+
+def test_a_finished_run_run_again_says_so_and_changes_nothing(tmp_path, text_files, caplog):
+    flags = tiny_flags(tmp_path, text_files, TINY_GPT2)
+    first = run(CAUSAL_LM, flags)
+    files = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    with caplog.at_level("WARNING"):
+        again = run(CAUSAL_LM, flags)
+    assert "already finished at step 6: nothing is trained or changed" in caplog.text
+    assert again == first
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == files
+
+
+# --- the embedded default, and flags on top of it --------------------------------------------------
+
+ON_TOP = ["--max_steps", "2", "--max_eval_samples", "4", "--report_to", "none", "--sample_max_new_tokens", "8"]
+
+
+def test_flags_given_without_data_or_model_apply_on_top_of_the_embedded_default(tmp_path, capsys):
+    metrics = run(CAUSAL_LM, [*ON_TOP, "--output_dir", str(tmp_path), "--config_overrides", "n_layer=2"])
+    config = json.loads((tmp_path / "config.json").read_text())
+    default = json.loads(CAUSAL_LM.default_arguments.read_text())
+    assert (config["n_layer"], config["n_embd"], config["n_positions"]) == (2, 128, 64)  # overrides merged, user's last
+    assert json.loads((tmp_path / "trainer_state.json").read_text())["global_step"] == 2
+    assert {"eval_loss", "eval_bigram_loss", "train_runtime"} <= set(metrics)
+    assert len((tmp_path / "tying_history.jsonl").read_text().splitlines()) == 1  # tying_interval 4 from the default
+    assert default["tying_interval"] == 4 and default["tying_strategy"] == "dlt"
+    printed = capsys.readouterr().out
+    assert "count bigram" in printed and "[model]" in printed  # the comparison and a sample
+
+
+def test_a_run_with_nothing_to_do_stops_with_a_clear_error(tmp_path, text_files):
+    with pytest.raises(ValueError, match="Nothing to do: pass --do_train, --do_eval or both"):
+        run(CAUSAL_LM, [*ON_TOP, "--output_dir", str(tmp_path), "--do_train", "false", "--do_eval", "false", "--eval_strategy", "no"])
+    with pytest.raises(ValueError, match="Nothing to do"):
+        run(CAUSAL_LM, ["--train_file", str(text_files / "train.txt"), "--output_dir", str(tmp_path)])  # no default here
+
+
+def test_help_explains_the_default_and_the_flags_on_top(capsys):
+    with pytest.raises(SystemExit):
+        run(CAUSAL_LM, ["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "With no data or model arguments" in text and "every flag given overrides it" in text
+    assert "--tying_strategy" in text and "--max_distinct_blocks" in text
 
 
 def write(path, text):
@@ -130,12 +178,56 @@ def write(path, text):
             "--block_size 64 is larger than the model's context of 32 positions",
         ),
         (lambda d, t: ["--validation_file", str(t / "validation.txt")], ValueError, "--validation_file needs --train_file"),
+        (lambda d, t: ["--train_file", str(t / "train.txt"), "--max_train_samples", "0"], ValueError, "--max_train_samples must be a positive integer, got 0"),
+        (lambda d, t: ["--train_file", str(t / "train.txt"), "--model_type", "tied_gpt5"], ValueError, "--model_type 'tied_gpt5' is not a tied model type"),
+        (lambda d, t: ["--train_file", str(t / "train.txt"), "--model_type", "tied_bert"], ValueError, "--model_type 'tied_bert' does not fit run_clm.py"),
     ],
 )
 def test_bad_input_to_run_clm_gives_one_clear_error(tmp_path, text_files, make_flags, error, message):
     flags = [*make_flags(tmp_path, text_files), "--config_overrides", TINY_GPT2, "--output_dir", str(tmp_path / "o"), "--do_train"]
     with pytest.raises(error, match=message):
         run(CAUSAL_LM, flags)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ("garbage", r"--config_overrides 'garbage': .*expected comma-separated key=value pairs of TiedGPT2Config fields"),
+        ("n_layer=abc", r"--config_overrides 'n_layer=abc': invalid literal for int\(\)"),
+        ("n_layer=2,wings=3", r"--config_overrides 'n_layer=2,wings=3': key wings isn't in the original config dict"),
+    ],
+)
+def test_bad_config_overrides_are_named(tmp_path, text_files, overrides, message):
+    flags = ["--train_file", str(text_files / "train.txt"), "--config_overrides", overrides, "--output_dir", str(tmp_path), "--do_train"]
+    with pytest.raises(ValueError, match=message):
+        run(CAUSAL_LM, flags)
+
+
+def test_a_csv_without_a_text_column_trains_on_its_first_column_and_says_so(tmp_path, caplog):
+    with open(tmp_path / "train.csv", "w", newline="") as file:
+        csv.writer(file).writerows([("content", "number"), *((line, index) for index, line in enumerate(play_lines(300).splitlines()))])
+    train = str(tmp_path / "train.csv")
+    flags = ["--train_file", train, "--config_overrides", TINY_GPT2, "--block_size", "32", "--output_dir", str(tmp_path / "o"),
+             "--do_train", "--max_steps", "1", "--tying_strategy", "none", "--report_to", "none"]  # fmt: skip
+    with caplog.at_level("WARNING"):
+        run(CAUSAL_LM, flags)
+    assert "no 'text' column; training on its first column, 'content'" in caplog.text
+
+
+def test_a_truncated_checkpoint_is_named(tmp_path, clm_run):
+    checkpoint, _ = clm_run
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoint, broken, ignore=shutil.ignore_patterns("checkpoint-*", "runs"))
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(Exception, match=rf"--model_name_or_path {broken}: could not load {weights}"):
+        run(CAUSAL_LM, ["--model_name_or_path", str(broken), "--output_dir", str(tmp_path / "o"), "--do_eval", "--max_eval_samples", "2"])
+
+
+def test_a_json_argument_of_the_wrong_type_is_named(tmp_path):
+    (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "do_train": True, "tying_interval": "5"}))
+    with pytest.raises(ValueError, match="tying_interval must be an integer >= 1 .*got '5'"):
+        run(CAUSAL_LM, [str(tmp_path / "args.json")])
 
 
 def test_masked_lm_with_a_tokenizer_without_mask_or_pad_token_is_rejected(tmp_path, text_files):
@@ -148,7 +240,7 @@ def test_masked_lm_with_a_tokenizer_without_mask_or_pad_token_is_rejected(tmp_pa
 
 @pytest.fixture(scope="module")
 def lambada_file(tmp_path_factory):
-    lines = (SHARED_DATA / "lambada" / "lambada_test.jsonl").read_text(encoding="utf-8").splitlines()[:40]
+    lines = LAMBADA_TEST_FILE.read_text(encoding="utf-8").splitlines()[:40]
     path = tmp_path_factory.mktemp("lambada") / "lambada_small.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return path

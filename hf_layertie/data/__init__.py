@@ -1,6 +1,7 @@
-"""Data shipped with hf-layertie: tokenizers and a Shakespeare corpus for offline default runs."""
+"""Data shipped with hf-layertie: tokenizers, a Shakespeare corpus and LAMBADA, for offline default runs."""
 
 from .embedded import (
+    LAMBADA_TEST_FILE,
     SHAKESPEARE_SPLITS,
     TokenizerKind,
     embedded_corpus_files,
@@ -10,6 +11,7 @@ from .embedded import (
 )
 
 __all__ = [
+    "LAMBADA_TEST_FILE",
     "SHAKESPEARE_SPLITS",
     "TokenizerKind",
     "embedded_corpus_files",

@@ -1,4 +1,4 @@
-"""Tokenizers and a small Shakespeare corpus shipped inside the package.
+"""Tokenizers, a small Shakespeare corpus and the LAMBADA test set, shipped inside the package.
 
 They make the default training run work on a fresh clone without network access: nothing here
 touches the Hugging Face Hub. Provenance, licences and checksums are in this folder's README.md.
@@ -13,11 +13,15 @@ from transformers import BertTokenizerFast, GPT2TokenizerFast, PreTrainedTokeniz
 DATA_DIR = Path(__file__).resolve().parent
 TOKENIZERS_DIR = DATA_DIR / "tokenizers"
 SHAKESPEARE_DIR = DATA_DIR / "shakespeare"
+# OpenAI's detokenized LAMBADA test set (lm-eval-harness `lambada_openai`), CC BY 4.0: see lambada/LICENSE.
+LAMBADA_TEST_FILE = DATA_DIR / "lambada" / "lambada_test.jsonl"
 
-TokenizerKind = Literal["gpt2", "bert-base-uncased"]
+TokenizerKind = Literal["gpt2", "bert-base-uncased", "shakespeare-bpe", "shakespeare-wordpiece"]
 _TOKENIZER_CLASSES: dict[str, type[PreTrainedTokenizerFast]] = {
     "gpt2": GPT2TokenizerFast,
     "bert-base-uncased": BertTokenizerFast,
+    "shakespeare-bpe": GPT2TokenizerFast,
+    "shakespeare-wordpiece": BertTokenizerFast,
 }
 
 # Whole plays per split, so no scene or speech of an evaluation play is ever seen in training.
@@ -62,13 +66,9 @@ def embedded_corpus_files() -> dict[str, list[Path]]:
     }
 
 
-def load_embedded_corpus(keep_empty_lines: bool = False) -> datasets.DatasetDict:
-    """Load the shipped corpus with the `datasets` "text" builder: one example per line.
-
-    Blank lines (between speeches) are dropped by default because they hold no text to model.
-    """
+def load_embedded_corpus() -> datasets.DatasetDict:
+    """Load the shipped corpus with the `datasets` "text" builder, as `run_clm.py` reads a `.txt` file: one
+    example per line, line breaks kept (so a model learns where verse lines and speeches end, and its samples
+    look like a play)."""
     data_files = {split: [str(path) for path in paths] for split, paths in embedded_corpus_files().items()}
-    corpus = datasets.load_dataset("text", data_files=data_files)
-    if keep_empty_lines:
-        return corpus
-    return corpus.filter(lambda example: example["text"].strip() != "")
+    return datasets.load_dataset("text", data_files=data_files, keep_linebreaks=True)

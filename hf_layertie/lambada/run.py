@@ -16,9 +16,18 @@ from dataclasses import dataclass, field
 
 from transformers import DataCollatorForLanguageModeling, set_seed
 
+from ..data import LAMBADA_TEST_FILE
 from ..language_modeling.arguments import ModelArguments, parse_command_line
-from ..language_modeling.data import hold_out_reward_batch, resolve_block_size
-from ..language_modeling.run import CAUSAL_LM, checkpoint_to_resume, load_model, load_tokenizer, set_up_logging
+from ..language_modeling.run import CAUSAL_LM
+from ..toolkit import (
+    checkpoint_to_resume,
+    load_model,
+    load_tokenizer,
+    resolve_block_size,
+    set_up_logging,
+    split_reward_examples,
+    tied_model_type,
+)
 from ..trainer import TyingTrainer, TyingTrainingArguments
 from .evaluation import evaluate_lambada
 from .finetune import lambada_causal_lm_dataset, lambada_finetune_split
@@ -29,8 +38,9 @@ from .reader import read_lambada_jsonl
 class LambadaArguments:
     """The LAMBADA data and how it is split and scored."""
 
-    lambada_file: str | None = field(
-        default=None, metadata={"help": "OpenAI-format LAMBADA JSON lines (one {\"text\": ...} per line)."}
+    lambada_file: str = field(
+        default=str(LAMBADA_TEST_FILE),
+        metadata={"help": "OpenAI-format LAMBADA JSON lines (one {\"text\": ...} per line). Default: the shipped test set."},
     )
     eval_fraction: float = field(
         default=0.1, metadata={"help": "With --do_train: the last share of the file held out for evaluation."}
@@ -40,8 +50,10 @@ class LambadaArguments:
     max_eval_passages: int | None = field(default=None, metadata={"help": "Score only the first N evaluation passages."})
 
     def __post_init__(self):
-        if self.lambada_file is None:
-            raise ValueError("--lambada_file is required: the path of an OpenAI-format lambada_test.jsonl")
+        for name in ("block_size", "lambada_batch_size", "max_eval_passages"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"--{name} must be a positive integer, got {value!r}")
 
 
 def run_lambada(argv: list[str] | None = None) -> dict[str, float]:
@@ -52,12 +64,16 @@ def run_lambada(argv: list[str] | None = None) -> dict[str, float]:
         raise ValueError("--model_name_or_path is required: the causal checkpoint to evaluate or fine-tune")
     if not (training_args.do_train or training_args.do_eval):
         raise ValueError("Nothing to do: pass --do_eval, --do_train or both")
-    set_up_logging(training_args)
+    set_up_logging(training_args.get_process_log_level())
     set_seed(training_args.seed)
 
     passages = read_lambada_jsonl(lambada_args.lambada_file)
-    tokenizer = load_tokenizer(CAUSAL_LM, model_args)
-    model = load_model(CAUSAL_LM, model_args, tokenizer)
+    hub_options = model_args.hub_options
+    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, **hub_options)
+    model_type = tied_model_type(model_args.model_name_or_path, model_args.model_type, **hub_options)
+    if model_type not in CAUSAL_LM.model_types:
+        raise ValueError(f"--model_name_or_path {model_args.model_name_or_path}: LAMBADA needs a causal model, got {model_type!r}")
+    model = load_model(model_type, tokenizer, model_args.model_name_or_path, **hub_options)
     card = {"dataset_names": ["lambada"], "base_model": model_args.model_name_or_path}
 
     if training_args.do_train:
@@ -97,9 +113,9 @@ def _fine_tune(model, tokenizer, passages, lambada_args, training_args, card) ->
     if tokenizer.pad_token is None:  # GPT-2 has none; padding positions are masked out of the loss
         tokenizer.pad_token = tokenizer.eos_token
     block_size = resolve_block_size(lambada_args.block_size, model.config.max_position_embeddings)
-    train_dataset, reward_dataset = hold_out_reward_batch(
-        lambada_causal_lm_dataset(passages, tokenizer, block_size), training_args.reward_batch_size
-    )
+    train_dataset, reward_dataset = lambada_causal_lm_dataset(passages, tokenizer, block_size), None
+    if training_args.is_dynamic and training_args.reward_source == "held_out":
+        train_dataset, reward_dataset = split_reward_examples(train_dataset, training_args.reward_batch_size)
     trainer = TyingTrainer(
         model=model,
         args=training_args,
@@ -109,7 +125,10 @@ def _fine_tune(model, tokenizer, passages, lambada_args, training_args, card) ->
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
         model_card_kwargs=card,
     )
-    result = trainer.train(resume_from_checkpoint=checkpoint_to_resume(training_args))
+    resume = checkpoint_to_resume(
+        training_args.output_dir, training_args.resume_from_checkpoint, needs_tying_state=training_args.tying_mode != "none"
+    )
+    result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)

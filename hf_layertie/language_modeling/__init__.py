@@ -1,6 +1,15 @@
-"""The workflow shared by `run_clm.py` (TiedGPT2, causal LM) and `run_mlm.py` (TiedBert, masked LM)."""
+"""The workflow shared by `run_clm.py` (tied causal LMs) and `run_mlm.py` (tied BERT)."""
 
-from .arguments import DataTrainingArguments, ModelArguments
+from .arguments import DataTrainingArguments, ModelArguments, parse_command_line
 from .run import CAUSAL_LM, MASKED_LM, LanguageModelingTask, parse_arguments, run
 
-__all__ = ["CAUSAL_LM", "MASKED_LM", "DataTrainingArguments", "LanguageModelingTask", "ModelArguments", "parse_arguments", "run"]
+__all__ = [
+    "CAUSAL_LM",
+    "MASKED_LM",
+    "DataTrainingArguments",
+    "LanguageModelingTask",
+    "ModelArguments",
+    "parse_arguments",
+    "parse_command_line",
+    "run",
+]

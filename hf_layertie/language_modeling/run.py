@@ -1,38 +1,46 @@
 """The workflow behind `run_clm.py` and `run_mlm.py`: one code path, two tasks.
 
-Parse arguments -> load and check data -> tokenizer and (tied) model -> TyingTrainer -> train
-(resuming from the last checkpoint in `output_dir` if there is one) -> evaluate (perplexity =
-exp(eval loss)) -> save the model, its card and the tying plot (and push them if asked).
+Parse arguments (the embedded default when no data or model is named) -> load and check data -> tokenizer and
+tied model -> TyingTrainer -> train (resuming from the last complete checkpoint in `output_dir`) -> evaluate
+(perplexity = exp(eval loss), beside a count baseline of the same tokenization) -> save the model, its card and
+the tying plot (and push them if asked) -> print a sample.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import datasets
-import transformers
-from transformers import (
-    AutoTokenizer,
-    DataCollatorForLanguageModeling,
-    PreTrainedTokenizerBase,
-    default_data_collator,
-    set_seed,
-)
-from transformers.trainer_utils import get_last_checkpoint
+import torch
+from transformers import DataCollatorForLanguageModeling, PreTrainedModel, default_data_collator, pipeline, set_seed
 
-from ..data import embedded_tokenizer_dir
-from ..models import TiedBertConfig, TiedBertForMaskedLM, TiedGPT2Config, TiedGPT2LMHeadModel
+from ..models import TIED_MODELS
 from ..trainer import TyingTrainer, TyingTrainingArguments
+from ..toolkit import (
+    bigram_loss,
+    checkpoint_to_resume,
+    finished_training_step,
+    load_model,
+    load_text_datasets,
+    load_tokenizer,
+    resolve_block_size,
+    set_up_logging,
+    split_reward_examples,
+    take_first,
+    text_column,
+    tied_model_type,
+    tokenize_and_group,
+    unigram_loss,
+)
 from .arguments import DataTrainingArguments, ModelArguments, parse_command_line
-from .data import hold_out_reward_batch, load_raw_datasets, resolve_block_size, text_column, tokenize_and_group
 
 logger = logging.getLogger(__name__)
 
 DEFAULTS_DIR = Path(__file__).resolve().parent / "defaults"
+SAMPLE_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -40,91 +48,90 @@ class LanguageModelingTask:
     """What differs between causal and masked language modeling; everything else is shared."""
 
     name: str
-    config_class: type
-    model_class: type
-    embedded_tokenizer: str
+    model_types: tuple[str, ...]  # the first is the default
+    tokenizer: str
     masked: bool
 
     @property
     def default_arguments(self) -> Path:
         return DEFAULTS_DIR / f"{self.name}_default.json"
 
+    @property
+    def description(self) -> str:
+        model = {"clm": "a tied causal language model (GPT-2, Llama, Qwen2, Mistral)", "mlm": "a tied BERT"}[self.name]
+        return (
+            f"Train and/or evaluate {model} with a tying strategy (see the tying arguments below).\n\n"
+            f"With no data or model arguments (--dataset_name, --train_file, --validation_file, --model_name_or_path, "
+            f"--model_type), the embedded default applies ({self.default_arguments.name}: a small model on the shipped "
+            f"Shakespeare plays, offline) and every flag given overrides it, e.g. `--max_steps 50 --output_dir x`. "
+            f"A run must train (--do_train), evaluate (--do_eval) or both. Arguments may also come from one .json or "
+            f".yaml file."
+        )
 
-CAUSAL_LM = LanguageModelingTask("clm", TiedGPT2Config, TiedGPT2LMHeadModel, "gpt2", masked=False)
-MASKED_LM = LanguageModelingTask("mlm", TiedBertConfig, TiedBertForMaskedLM, "bert-base-uncased", masked=True)
+
+CAUSAL_LM = LanguageModelingTask(
+    "clm", tuple(name for name, (_, auto) in TIED_MODELS.items() if auto.__name__ == "AutoModelForCausalLM"), "shakespeare-bpe", False
+)
+MASKED_LM = LanguageModelingTask(
+    "mlm", tuple(name for name, (_, auto) in TIED_MODELS.items() if auto.__name__ == "AutoModelForMaskedLM"), "shakespeare-wordpiece", True
+)
 ArgumentTuple = tuple[ModelArguments, DataTrainingArguments, TyingTrainingArguments]
 
 
 def parse_arguments(task: LanguageModelingTask, argv: list[str] | None = None) -> ArgumentTuple:
-    """Flags, or one .json / .yaml file of them; no arguments at all runs the task's embedded default."""
-    return parse_command_line(
-        (ModelArguments, DataTrainingArguments, TyingTrainingArguments), argv, default_file=task.default_arguments
+    """Flags, or one .json / .yaml file of them; without data or model arguments, on top of the embedded default."""
+    arguments = parse_command_line(
+        (ModelArguments, DataTrainingArguments, TyingTrainingArguments),
+        argv,
+        default_file=task.default_arguments,
+        description=task.description,
     )
-
-
-def load_tokenizer(task: LanguageModelingTask, model_args: ModelArguments) -> PreTrainedTokenizerBase:
-    name = model_args.tokenizer_name or model_args.model_name_or_path or "embedded"
-    source = embedded_tokenizer_dir(task.embedded_tokenizer) if name == "embedded" else name
-    tokenizer = AutoTokenizer.from_pretrained(
-        source, cache_dir=model_args.cache_dir, revision=model_args.model_revision, trust_remote_code=model_args.trust_remote_code
-    )
-    if task.masked and (tokenizer.mask_token is None or tokenizer.pad_token is None):
-        raise ValueError(
-            f"--tokenizer_name {name}: masked language modeling needs a tokenizer with a mask token and a pad token, "
-            f"this one has mask_token={tokenizer.mask_token!r} and pad_token={tokenizer.pad_token!r}"
-        )
-    return tokenizer
-
-
-def load_model(task: LanguageModelingTask, model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase):
-    """A checkpoint (tied or plain) into the tied class, or a new model from the task's config."""
-    if model_args.model_name_or_path is not None:
-        return task.model_class.from_pretrained(
-            model_args.model_name_or_path,
-            cache_dir=model_args.cache_dir,
-            revision=model_args.model_revision,
-            trust_remote_code=model_args.trust_remote_code,
-        )
-    special_ids = {
-        key: getattr(tokenizer, key)
-        for key in ("bos_token_id", "eos_token_id", "pad_token_id")
-        if getattr(tokenizer, key) is not None
-    }
-    config = task.config_class(vocab_size=len(tokenizer), **special_ids)
-    if model_args.config_overrides is not None:
-        config.update_from_string(model_args.config_overrides)
-        logger.info(f"Config overridden with {model_args.config_overrides}")
-    return task.model_class(config)
+    training_args = arguments[2]
+    if not (training_args.do_train or training_args.do_eval):
+        raise ValueError("Nothing to do: pass --do_train, --do_eval or both (see --help)")
+    return arguments
 
 
 def run(task: LanguageModelingTask, argv: list[str] | None = None) -> dict[str, float]:
     """Train and/or evaluate; returns the metrics (also written to `output_dir/all_results.json`)."""
     model_args, data_args, training_args = parse_arguments(task, argv)
-    set_up_logging(training_args)
+    set_up_logging(training_args.get_process_log_level())
+    finished = finished_training_step(training_args.output_dir, training_args.max_steps) if training_args.do_train else None
+    if finished is not None:
+        logger.warning(
+            f"Training in {training_args.output_dir} already finished at step {finished}: nothing is trained or changed. "
+            f"Pass a larger --max_steps to continue it, or a new --output_dir to train again."
+        )
+        return _saved_metrics(training_args.output_dir)
     set_seed(training_args.seed)
 
-    raw = load_raw_datasets(data_args, model_args)
-    column = text_column(raw, data_args.text_column_name)
-    tokenizer = load_tokenizer(task, model_args)
-    model = load_model(task, model_args, tokenizer)
+    raw = load_text_datasets(
+        data_args.dataset_name,
+        data_args.dataset_config_name,
+        data_args.train_file,
+        data_args.validation_file,
+        data_args.validation_split_percentage,
+        data_args.keep_linebreaks,
+        model_args.cache_dir,
+    )
+    tokenizer = load_tokenizer(
+        model_args.tokenizer_name or model_args.model_name_or_path or task.tokenizer, masked=task.masked, **model_args.hub_options
+    )
+    model = _load_model(task, model_args, tokenizer)
     block_size = resolve_block_size(data_args.block_size, model.config.max_position_embeddings)
     grouped = tokenize_and_group(
         raw,
         tokenizer,
-        column,
+        text_column(raw, data_args.text_column_name),
         block_size,
-        training_args,
         num_proc=data_args.preprocessing_num_workers,
         special_tokens_mask=task.masked,
     )
-    train_dataset, reward_dataset = hold_out_reward_batch(grouped["train"], training_args.reward_batch_size)
-    train_dataset = _truncate(train_dataset, data_args.max_train_samples)
-    eval_dataset = _truncate(grouped["validation"], data_args.max_eval_samples)
-    collator = (
-        DataCollatorForLanguageModeling(tokenizer, mlm_probability=data_args.mlm_probability)
-        if task.masked
-        else default_data_collator
-    )
+    train_dataset, reward_dataset = grouped["train"], None
+    if training_args.is_dynamic and training_args.reward_source == "held_out":
+        train_dataset, reward_dataset = split_reward_examples(train_dataset, training_args.reward_batch_size)
+    train_dataset = take_first(train_dataset, data_args.max_train_samples)
+    eval_dataset = take_first(grouped["validation"], data_args.max_eval_samples)
     trainer = TyingTrainer(
         model=model,
         args=training_args,
@@ -132,16 +139,16 @@ def run(task: LanguageModelingTask, argv: list[str] | None = None) -> dict[str, 
         eval_dataset=eval_dataset if training_args.do_eval else None,
         reward_dataset=reward_dataset,
         processing_class=tokenizer,
-        data_collator=collator,
-        model_card_kwargs={
-            "dataset_names": [_dataset_label(data_args)],
-            "base_model": model_args.model_name_or_path,
-        },
+        data_collator=_collator(task, tokenizer, data_args.mlm_probability),
+        model_card_kwargs={"dataset_names": [_dataset_label(data_args)], "base_model": model_args.model_name_or_path},
     )
 
     metrics: dict[str, float] = {}
     if training_args.do_train:
-        train_result = trainer.train(resume_from_checkpoint=checkpoint_to_resume(training_args))
+        resume = checkpoint_to_resume(
+            training_args.output_dir, training_args.resume_from_checkpoint, needs_tying_state=training_args.tying_mode != "none"
+        )
+        train_result = trainer.train(resume_from_checkpoint=resume)
         trainer.save_model()
         metrics.update(train_result.metrics, train_samples=len(train_dataset))
         trainer.log_metrics("train", train_result.metrics)
@@ -150,39 +157,91 @@ def run(task: LanguageModelingTask, argv: list[str] | None = None) -> dict[str, 
         eval_metrics = trainer.evaluate()
         eval_metrics["eval_samples"] = len(eval_dataset)
         eval_metrics["perplexity"] = _perplexity(eval_metrics["eval_loss"])
+        eval_metrics.update(_baseline(task, tokenizer, grouped))
         trainer.log_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
     trainer.save_metrics("all", metrics)
     trainer.create_model_card()  # the card takes eval_loss and perplexity from the last evaluation
     if training_args.push_to_hub:
         trainer.push_to_hub()
+    if trainer.is_world_process_zero():
+        _print_report(task, metrics, trainer.model, tokenizer, grouped["validation"], data_args.sample_max_new_tokens)
     return metrics
 
 
-def set_up_logging(training_args: TyingTrainingArguments) -> None:
-    logging.basicConfig(
-        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%m/%d/%Y %H:%M:%S", handlers=[logging.StreamHandler(sys.stdout)]
-    )
-    level = training_args.get_process_log_level()
-    logging.getLogger("hf_layertie").setLevel(level)
-    datasets.utils.logging.set_verbosity(level)
-    transformers.utils.logging.set_verbosity(level)
+def _load_model(task: LanguageModelingTask, model_args: ModelArguments, tokenizer) -> PreTrainedModel:
+    if model_args.model_name_or_path is not None:
+        model_type = tied_model_type(model_args.model_name_or_path, model_args.model_type, **model_args.hub_options)
+    else:
+        model_type = model_args.model_type or task.model_types[0]
+    if model_type not in task.model_types:
+        raise ValueError(f"--model_type {model_type!r} does not fit run_{task.name}.py; expected one of {', '.join(task.model_types)}")
+    return load_model(model_type, tokenizer, model_args.model_name_or_path, model_args.config_overrides, **model_args.hub_options)
 
 
-def _truncate(dataset: datasets.Dataset, limit: int | None) -> datasets.Dataset:
-    return dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
+def _collator(task: LanguageModelingTask, tokenizer, mlm_probability: float):
+    if task.masked:
+        return DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability)
+    return default_data_collator
 
 
-def checkpoint_to_resume(training_args: TyingTrainingArguments) -> str | None:
-    """An explicit --resume_from_checkpoint, else the last checkpoint in output_dir: a crashed run picks up where it was."""
-    if training_args.resume_from_checkpoint is not None:
-        return training_args.resume_from_checkpoint
-    if Path(training_args.output_dir).is_dir():
-        last = get_last_checkpoint(training_args.output_dir)
-        if last is not None:
-            logger.info(f"Resuming from {last}, the last checkpoint in {training_args.output_dir}")
-        return last
-    return None
+def _baseline(task: LanguageModelingTask, tokenizer, grouped) -> dict[str, float]:
+    """The count baseline of the same tokenization on the same evaluation blocks (see `hf_layertie.toolkit.baselines`)."""
+    train, validation = grouped["train"]["input_ids"], grouped["validation"]["input_ids"]
+    if task.masked:
+        return {"eval_unigram_loss": unigram_loss(train, validation, len(tokenizer), tokenizer.all_special_ids)}
+    return {"eval_bigram_loss": bigram_loss(train, validation, len(tokenizer))}
+
+
+def _print_report(task, metrics: dict, model, tokenizer, validation, max_new_tokens: int) -> None:
+    """The held-out loss beside the count baseline, then a sample of what the model writes or fills in."""
+    baseline_key = "eval_unigram_loss" if task.masked else "eval_bigram_loss"
+    if "eval_loss" in metrics:
+        baseline = "count unigram" if task.masked else "count bigram"
+        print(f"\n***** held-out loss, nats per token ({metrics['eval_samples']} evaluation blocks) *****")
+        print(f"  this model            {metrics['eval_loss']:.3f}   (perplexity {metrics['perplexity']:,.1f})")
+        print(f"  {baseline:<20}  {metrics[baseline_key]:.3f}   (perplexity {math.exp(metrics[baseline_key]):,.1f})")
+    if max_new_tokens > 0:
+        sample = _fill_mask_sample(model, tokenizer, validation[0]["input_ids"]) if task.masked else _generated_sample(
+            model, tokenizer, validation[0]["input_ids"], max_new_tokens
+        )
+        print(f"\n***** sample (seed {SAMPLE_SEED}) *****\n{sample}\n")
+
+
+def _generated_sample(model, tokenizer, block: list[int], max_new_tokens: int) -> str:
+    """The first 16 tokens of the first evaluation block, continued by sampling (top-k 40, temperature 0.8) up to
+    `max_new_tokens` or the model's context, whichever comes first."""
+    prompt = torch.tensor([block[:16]], device=model.device)
+    max_new_tokens = min(max_new_tokens, model.config.max_position_embeddings - prompt.shape[1])
+    torch.manual_seed(SAMPLE_SEED)
+    model.eval()
+    with torch.no_grad():
+        output = model.generate(
+            prompt, max_new_tokens=max_new_tokens, do_sample=True, top_k=40, temperature=0.8, pad_token_id=tokenizer.eos_token_id
+        )
+    return f"[prompt] {tokenizer.decode(block[:16])}\n[model]  {tokenizer.decode(output[0, 16:])}"
+
+
+def _fill_mask_sample(model, tokenizer, block: list[int]) -> str:
+    """A stretch of the first evaluation block with one whole word masked, and the model's three best fillers."""
+    ids = [token for token in block if token not in tokenizer.all_special_ids][:24]
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    whole_words = [
+        index
+        for index in range(len(ids) // 2, len(ids) - 1)
+        if pieces[index].isalpha() and not pieces[index + 1].startswith("##")
+    ]
+    position = whole_words[0] if whole_words else len(ids) // 2
+    masked = ids[:position] + [tokenizer.mask_token_id] + ids[position + 1 :]
+    fill_mask = pipeline("fill-mask", model=model, tokenizer=tokenizer, device=model.device)
+    guesses = fill_mask(tokenizer.decode(masked), top_k=3)
+    answers = ", ".join(f"{guess['token_str']!r} ({guess['score']:.2f})" for guess in guesses)
+    return f"[text]   {tokenizer.decode(masked)}\n[truth]  {pieces[position]!r}\n[model]  {answers}"
+
+
+def _saved_metrics(output_dir: str) -> dict[str, float]:
+    path = Path(output_dir) / "all_results.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _dataset_label(data_args: DataTrainingArguments) -> str:

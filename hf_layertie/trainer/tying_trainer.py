@@ -429,6 +429,10 @@ def _numbers(prefix: str, row: dict, skip: tuple[str, ...]) -> dict:
 
 def _checkpoint_map(checkpoint: str, num_blocks: int) -> TyingMap:
     """The map saved in a checkpoint's config.json (independent blocks when it has none)."""
-    with open(os.path.join(checkpoint, "config.json")) as config_file:
+    path = os.path.join(checkpoint, "config.json")
+    with open(path) as config_file:
         entries = json.load(config_file).get("tying_map")
-    return TyingMap.independent(num_blocks) if entries is None else TyingMap(entries, num_blocks=num_blocks)
+    try:
+        return TyingMap.independent(num_blocks) if entries is None else TyingMap(entries, num_blocks=num_blocks)
+    except ValueError as error:
+        raise ValueError(f"cannot resume from {checkpoint}: the map in {path} does not fit this model: {error}") from None

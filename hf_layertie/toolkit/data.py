@@ -1,7 +1,8 @@
-"""Loading, checking, tokenizing and grouping text for the language-modeling scripts.
+"""Loading, checking, tokenizing and grouping text, as transformers' language-modeling examples do it.
 
-Errors name the argument and the file: a user who typed a wrong path or column should not have to
-read a stack of `datasets` internals to find out.
+Errors name the argument and the file: a user who typed a wrong path or column should not have to read a
+stack of `datasets` internals to find out. Every function takes plain values; the scripts pass their
+command-line arguments in.
 """
 
 from __future__ import annotations
@@ -11,49 +12,60 @@ import os
 from itertools import chain
 
 import datasets
-from transformers import PreTrainedTokenizerBase, TrainingArguments
+from accelerate import PartialState
+from transformers import PreTrainedTokenizerBase
 
 from ..data import load_embedded_corpus
-from .arguments import DataTrainingArguments, ModelArguments
 
 logger = logging.getLogger(__name__)
 
 BUILDER_BY_EXTENSION = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 
 
-def load_raw_datasets(data_args: DataTrainingArguments, model_args: ModelArguments) -> datasets.DatasetDict:
-    """`train` and `validation` splits from a `datasets` name, from files, or from the embedded corpus."""
-    if data_args.dataset_name is not None:
-        raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name, cache_dir=model_args.cache_dir)
-        source = f"--dataset_name {data_args.dataset_name}"
-    elif data_args.train_file is not None:
-        raw = _load_files(data_args, model_args)
-        source = f"--train_file {data_args.train_file}"
+def load_text_datasets(
+    dataset_name: str | None = None,
+    dataset_config_name: str | None = None,
+    train_file: str | None = None,
+    validation_file: str | None = None,
+    validation_split_percentage: int = 5,
+    keep_linebreaks: bool = True,
+    cache_dir: str | None = None,
+) -> datasets.DatasetDict:
+    """`train` and `validation` splits from a `datasets` name, from files, or (neither given) the shipped
+    Shakespeare corpus, split by play. A source without a validation split gives up its last
+    `validation_split_percentage`% of rows."""
+    if dataset_name is not None:
+        raw = datasets.load_dataset(dataset_name, dataset_config_name, cache_dir=cache_dir)
+        source = f"--dataset_name {dataset_name}"
+    elif train_file is not None:
+        raw = _load_files(train_file, validation_file, keep_linebreaks, cache_dir)
+        source = f"--train_file {train_file}"
     else:
         logger.info("No dataset or files given: using the Shakespeare corpus shipped with hf-layertie")
         raw = load_embedded_corpus()
         source = "the embedded Shakespeare corpus"
     if "validation" not in raw:
-        raw = _split_validation(raw["train"], data_args.validation_split_percentage)
+        raw = _split_validation(raw["train"], validation_split_percentage)
     for split in ("train", "validation"):
         if len(raw[split]) == 0:
             raise ValueError(f"The {split} split of {source} has no rows")
     return datasets.DatasetDict({"train": raw["train"], "validation": raw["validation"]})
 
 
-def _load_files(data_args: DataTrainingArguments, model_args: ModelArguments) -> datasets.DatasetDict:
-    files = {"train": _check_data_file(data_args.train_file, "--train_file")}
-    if data_args.validation_file is not None:
-        files["validation"] = _check_data_file(data_args.validation_file, "--validation_file")
+def _load_files(train_file: str, validation_file: str | None, keep_linebreaks: bool, cache_dir) -> datasets.DatasetDict:
+    files = {"train": _check_data_file(train_file, "--train_file")}
+    if validation_file is not None:
+        files["validation"] = _check_data_file(validation_file, "--validation_file")
     builders = {BUILDER_BY_EXTENSION[os.path.splitext(path)[1].lower()] for path in files.values()}
     if len(builders) > 1:
         raise ValueError(f"--train_file and --validation_file must have the same format, got {sorted(files.values())}")
     builder = builders.pop()
-    options = {"keep_linebreaks": data_args.keep_linebreaks} if builder == "text" else {}
+    options = {"keep_linebreaks": keep_linebreaks} if builder == "text" else {}
     try:
-        return datasets.load_dataset(builder, data_files=files, cache_dir=model_args.cache_dir, **options)
-    except (datasets.exceptions.DatasetGenerationError, ValueError) as error:
-        raise ValueError(f"Could not read {', '.join(files.values())} as {builder}: {error}") from error
+        return datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir, **options)
+    except (datasets.exceptions.DatasetGenerationError, ValueError, UnicodeDecodeError) as error:
+        cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
+        raise ValueError(f"Could not read {', '.join(files.values())} as {builder}: {error}{cause}") from error
 
 
 def _check_data_file(path: str, argument: str) -> str:
@@ -81,12 +93,16 @@ def _split_validation(train: datasets.Dataset, percentage: int) -> datasets.Data
 
 
 def text_column(raw: datasets.DatasetDict, requested: str | None) -> str:
+    """The column that holds the text: `requested`, else `text`, else the first column (said in the log)."""
     columns = raw["train"].column_names
     if requested is not None:
         if requested not in columns:
             raise ValueError(f"--text_column_name {requested!r} is not a column of the data; its columns are {columns}")
         return requested
-    return "text" if "text" in columns else columns[0]
+    if "text" in columns:
+        return "text"
+    logger.warning(f"The data has no 'text' column; training on its first column, {columns[0]!r} (--text_column_name chooses)")
+    return columns[0]
 
 
 def resolve_block_size(requested: int | None, context: int) -> int:
@@ -103,14 +119,13 @@ def tokenize_and_group(
     tokenizer: PreTrainedTokenizerBase,
     column: str,
     block_size: int,
-    training_args: TrainingArguments,
     num_proc: int | None = None,
     special_tokens_mask: bool = False,
 ) -> datasets.DatasetDict:
     """Tokenize every row, concatenate and cut into `block_size` chunks (the remainder is dropped).
 
-    Causal LM chunks get `labels` (the model shifts them); masked LM asks for the special-tokens mask
-    so the collator never masks [CLS] / [SEP].
+    Causal LM chunks get `labels` (the model shifts them); masked LM asks for the special-tokens mask so the
+    collator never masks [CLS] / [SEP]. The main process works first; the others read its cache.
     """
 
     def tokenize(batch):
@@ -127,24 +142,24 @@ def tokenize_and_group(
             chunks["labels"] = [list(ids) for ids in chunks["input_ids"]]
         return chunks
 
-    with training_args.main_process_first(desc="tokenizing and grouping"):
+    with PartialState().main_process_first():
         tokenized = raw.map(
-            tokenize, batched=True, num_proc=num_proc, remove_columns=raw["train"].column_names, desc="Tokenizing"
+            tokenize, batched=True, num_proc=num_proc, remove_columns=raw[next(iter(raw))].column_names, desc="Tokenizing"
         )
         grouped = tokenized.map(group, batched=True, num_proc=num_proc, desc=f"Grouping into blocks of {block_size}")
-    for split in ("train", "validation"):
-        if len(grouped[split]) == 0:
+    for split, blocks in grouped.items():
+        if len(blocks) == 0:
             raise ValueError(
                 f"The {split} split holds fewer than --block_size={block_size} tokens: lower --block_size or add data"
             )
     return grouped
 
 
-def hold_out_reward_batch(train: datasets.Dataset, count: int) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """Split off the first `count` training examples as the agent's reward batch: `(train, reward)`.
+def split_reward_examples(train: datasets.Dataset, count: int) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """Split off the first `count` training examples as the fixed batch of a held-out reward: `(train, reward)`.
 
-    They are never trained on and are not the evaluation data. Held out for every tying strategy, so that
-    all strategies train on the same examples and compare like with like.
+    The one place a reward batch is carved (`reward_source="held_out"`): they are never trained on and are not
+    the evaluation data.
     """
     if len(train) <= count:
         raise ValueError(
@@ -152,3 +167,8 @@ def hold_out_reward_batch(train: datasets.Dataset, count: int) -> tuple[datasets
             f"tying reward, so at least {count + 1} are needed: add data or lower --block_size / --reward_batch_size"
         )
     return train.select(range(count, len(train))), train.select(range(count))
+
+
+def take_first(dataset: datasets.Dataset, count: int | None) -> datasets.Dataset:
+    """The first `count` examples (all of them for None)."""
+    return dataset if count is None else dataset.select(range(min(count, len(dataset))))

@@ -1,0 +1,36 @@
+"""The toolkit every script shares (`run_clm.py`, `run_mlm.py`, `run_lambada.py`, `bench/`): data, tokenizers and
+models, resuming, logging, the reward batch and count baselines. Every function takes plain values."""
+
+from .baselines import bigram_loss, unigram_loss
+from .checkpoints import checkpoint_to_resume, finished_training_step, last_complete_checkpoint, missing_checkpoint_files
+from .data import (
+    load_text_datasets,
+    resolve_block_size,
+    split_reward_examples,
+    take_first,
+    text_column,
+    tokenize_and_group,
+)
+from .logs import set_up_logging
+from .models import SHIPPED_TOKENIZERS, check_tied_model_type, load_model, load_tokenizer, tied_model_type
+
+__all__ = [
+    "SHIPPED_TOKENIZERS",
+    "bigram_loss",
+    "check_tied_model_type",
+    "checkpoint_to_resume",
+    "finished_training_step",
+    "last_complete_checkpoint",
+    "load_model",
+    "load_text_datasets",
+    "load_tokenizer",
+    "missing_checkpoint_files",
+    "resolve_block_size",
+    "set_up_logging",
+    "split_reward_examples",
+    "take_first",
+    "text_column",
+    "tied_model_type",
+    "tokenize_and_group",
+    "unigram_loss",
+]

@@ -1,0 +1,61 @@
+"""Count-based baselines: the loss a model must beat before it has learned anything a table of counts cannot.
+
+A causal language model that does not beat a count bigram of its own tokenization on held-out text has learned
+little more than which token tends to follow which; the default runs print both losses side by side.
+
+- `bigram_loss`: P(token | previous token) from counts of the training tokens, with interpolated absolute
+  discounting (Ney et al., 1994; discount 0.75) onto an add-one unigram, so unseen pairs keep some mass.
+  Scored on exactly the positions a causal model's evaluation loss covers: every token of a block after its first.
+- `unigram_loss`: P(token) with add-one smoothing, scored on every non-special token: the expectation of a
+  masked language model's loss for a predictor that ignores the context (masking picks tokens uniformly).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+DISCOUNT = 0.75
+
+
+def _flat(blocks: Iterable[Sequence[int]]) -> torch.Tensor:
+    return torch.tensor([token for block in blocks for token in block], dtype=torch.long)
+
+
+def _unigram(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    counts = torch.bincount(tokens, minlength=vocab_size).double() + 1.0
+    return counts / counts.sum()
+
+
+def bigram_loss(train_blocks: Iterable[Sequence[int]], eval_blocks: Iterable[Sequence[int]], vocab_size: int) -> float:
+    """Mean negative log-likelihood (nats per token) of the eval blocks under a count bigram of the train blocks."""
+    train = _flat(train_blocks)
+    unigram = _unigram(train, vocab_size)
+    pair_keys, pair_counts = torch.unique(train[:-1] * vocab_size + train[1:], return_counts=True)
+    context_counts = torch.bincount(train[:-1], minlength=vocab_size).double()
+    context_types = torch.bincount(pair_keys // vocab_size, minlength=vocab_size).double()
+
+    previous, following = [], []
+    for block in eval_blocks:
+        previous += block[:-1]
+        following += block[1:]
+    previous, following = torch.tensor(previous, dtype=torch.long), torch.tensor(following, dtype=torch.long)
+    keys = previous * vocab_size + following
+    found = torch.searchsorted(pair_keys, keys).clamp(max=len(pair_keys) - 1)
+    counts = torch.where(pair_keys[found] == keys, pair_counts[found], 0).double()
+    seen = context_counts[previous]
+    denominator = seen.clamp(min=1.0)
+    backoff = torch.where(seen > 0, DISCOUNT * context_types[previous] / denominator, torch.ones_like(seen))
+    probability = (counts - DISCOUNT).clamp(min=0.0) / denominator + backoff * unigram[following]
+    return float(-probability.log().mean())
+
+
+def unigram_loss(
+    train_blocks: Iterable[Sequence[int]], eval_blocks: Iterable[Sequence[int]], vocab_size: int, special_ids: Iterable[int] = ()
+) -> float:
+    """Mean negative log-likelihood of the eval blocks' non-special tokens under an add-one unigram of the train blocks."""
+    unigram = _unigram(_flat(train_blocks), vocab_size)
+    tokens = _flat(eval_blocks)
+    tokens = tokens[~torch.isin(tokens, torch.tensor(sorted(set(special_ids)), dtype=torch.long))]
+    return float(-unigram[tokens].log().mean())

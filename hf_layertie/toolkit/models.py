@@ -1,0 +1,127 @@
+"""Loading tokenizers and tied models for the scripts, with errors that name the argument."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from safetensors import SafetensorError
+from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from ..data import embedded_tokenizer_dir
+from ..models import TIED_MODELS
+
+logger = logging.getLogger(__name__)
+
+# Names that load the tokenizer shipped in hf_layertie/data (the files are the Hub's, or trained here).
+SHIPPED_TOKENIZERS = {
+    "gpt2": "gpt2",
+    "openai-community/gpt2": "gpt2",
+    "bert-base-uncased": "bert-base-uncased",
+    "google-bert/bert-base-uncased": "bert-base-uncased",
+    "shakespeare-bpe": "shakespeare-bpe",
+    "shakespeare-wordpiece": "shakespeare-wordpiece",
+}
+# A model built from scratch larger than this is almost surely a config left at its defaults (Llama's: 7B).
+LARGEST_FROM_SCRATCH = 1_000_000_000
+
+
+def load_tokenizer(
+    name_or_path: str,
+    masked: bool = False,
+    cache_dir: str | None = None,
+    revision: str = "main",
+    trust_remote_code: bool = False,
+) -> PreTrainedTokenizerBase:
+    """A tokenizer by folder, Hub id or shipped name (`SHIPPED_TOKENIZERS`, loaded offline from the package).
+
+    `masked=True` checks for the mask and padding tokens that masked language modeling needs.
+    """
+    source = embedded_tokenizer_dir(SHIPPED_TOKENIZERS[name_or_path]) if name_or_path in SHIPPED_TOKENIZERS else name_or_path
+    tokenizer = AutoTokenizer.from_pretrained(
+        source, cache_dir=cache_dir, revision=revision, trust_remote_code=trust_remote_code
+    )
+    if masked and (tokenizer.mask_token is None or tokenizer.pad_token is None):
+        raise ValueError(
+            f"--tokenizer_name {name_or_path}: masked language modeling needs a tokenizer with a mask token and a pad "
+            f"token, this one has mask_token={tokenizer.mask_token!r} and pad_token={tokenizer.pad_token!r}"
+        )
+    return tokenizer
+
+
+def tied_model_type(name_or_path: str, model_type: str | None = None, **hub_options) -> str:
+    """The tied model type to load `name_or_path` into: `model_type`, or the checkpoint's own type, tied
+    (`gpt2` -> `tied_gpt2`)."""
+    if model_type is not None:
+        check_tied_model_type(model_type)
+        return model_type
+    saved = AutoConfig.from_pretrained(name_or_path, **hub_options).model_type
+    for candidate in (saved, f"tied_{saved}"):
+        if candidate in TIED_MODELS:
+            return candidate
+    raise ValueError(
+        f"--model_name_or_path {name_or_path} is a {saved!r} checkpoint, which hf-layertie has no tied class for; "
+        f"tied types: {', '.join(TIED_MODELS)}"
+    )
+
+
+def check_tied_model_type(model_type: str) -> None:
+    if model_type not in TIED_MODELS:
+        raise ValueError(f"--model_type {model_type!r} is not a tied model type; expected one of {', '.join(TIED_MODELS)}")
+
+
+def load_model(
+    model_type: str,
+    tokenizer: PreTrainedTokenizerBase,
+    name_or_path: str | None = None,
+    config_overrides: str | None = None,
+    **hub_options,
+) -> PreTrainedModel:
+    """A checkpoint (tied, or plain and then loaded untied into the tied class), or a new model of `model_type`
+    from scratch, sized to the tokenizer and changed by `config_overrides` (`"n_layer=6,n_embd=128"`)."""
+    check_tied_model_type(model_type)
+    model_class = TIED_MODELS[model_type][0]
+    if name_or_path is not None:
+        return _from_checkpoint(model_class, name_or_path, **hub_options)
+    special_ids = {
+        key: getattr(tokenizer, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(tokenizer, key) is not None
+    }
+    config = model_class.config_class(vocab_size=len(tokenizer), **special_ids)
+    if config_overrides is not None:
+        try:
+            config.update_from_string(config_overrides)
+        except ValueError as error:
+            raise ValueError(
+                f"--config_overrides {config_overrides!r}: {error}; expected comma-separated key=value pairs of "
+                f"{type(config).__name__} fields, e.g. 'n_layer=6,n_embd=128'"
+            ) from None
+        logger.info(f"Config overridden with {config_overrides}")
+    size = _approximate_parameters(config)
+    if size > LARGEST_FROM_SCRATCH:
+        raise ValueError(
+            f"A {model_type} built from scratch with {config_overrides or 'the default config'} has about "
+            f"{size / 1e9:.1f}B parameters; pass --config_overrides to size it (e.g. 'num_hidden_layers=6,hidden_size=128,"
+            f"intermediate_size=512,num_attention_heads=4')"
+        )
+    return model_class(config)
+
+
+def _approximate_parameters(config) -> int:
+    """Blocks (about 12 h^2 each, attention and a 4h MLP) plus the token embedding."""
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    return layers * 12 * hidden * hidden + config.vocab_size * hidden
+
+
+def _from_checkpoint(model_class, name_or_path: str, **hub_options) -> PreTrainedModel:
+    try:
+        return model_class.from_pretrained(name_or_path, **hub_options)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as error:
+        raise type(error)(f"--model_name_or_path {name_or_path}: could not load {_weights_file(name_or_path)}: {error}") from error
+
+
+def _weights_file(name_or_path: str) -> str:
+    """The weights file of a local checkpoint, for error messages (the folder itself when none is found)."""
+    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
+        if os.path.isfile(os.path.join(name_or_path, name)):
+            return os.path.join(name_or_path, name)
+    return name_or_path
