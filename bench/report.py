@@ -1,349 +1,243 @@
-"""The bench's outputs: ratios against conventional training, results.md, results.json and two plots."""
+"""From finished runs to `results.json`, `results.md` and two plots, with paired statistics.
+
+Intervals are 95% Student-t intervals over seeds. A difference is a paired difference: the same seed (same initial
+weights, same data order) under two strategies, so the seed-to-seed spread cancels. A difference whose interval
+contains 0 is reported as "no difference detected", whatever the sign of its mean.
+"""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import platform
+import statistics
 from pathlib import Path
 
 import matplotlib
 
-matplotlib.use("Agg")  # files only
+matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from scipy import stats  # noqa: E402
 
-BASELINE = "none"
-# Measurements compared with the conventional run, as value / value of `none`.
-RATIO_KEYS = (
-    "distinct_blocks",
-    "trainable_parameters",
-    "block_parameters",
-    "shakespeare_perplexity",
-    "wikitext_perplexity",
-    "state_bytes_total",
-    "analytic_floor_bytes",
-    "peak_memory_bytes",
-    "tokens_per_second",
-    "checkpoint_bytes",
-)
-MIB = 2**20
+from .settings import STATIC_LAYOUTS, BenchSettings, RunSpec, independent_runs, memory_runs, runs_after_dlt  # noqa: E402
+
+MB = 2**20
 
 
-def _value(run: dict, key: str):
-    return run["state_bytes"]["total"] if key == "state_bytes_total" else run[key]
+def load_result(run_dir: Path) -> dict:
+    return json.loads((run_dir / "result.json").read_text())
 
 
-def add_ratios(runs: list[dict]) -> None:
-    """Give every run `ratios_vs_none`: each of `RATIO_KEYS` divided by the same measurement of `none`."""
-    baseline = next((run for run in runs if run["strategy"] == BASELINE), None)
-    if baseline is None:
-        raise ValueError(f"no {BASELINE!r} run to compare with among {[run['strategy'] for run in runs]}")
-    for run in runs:
-        run["ratios_vs_none"] = {key: _ratio(_value(run, key), _value(baseline, key)) for key in RATIO_KEYS}
+def _try_load(output: Path, spec: RunSpec) -> dict | None:
+    path = output / spec.directory
+    return load_result(path) if (path / "result.json").is_file() else None
 
 
-def _ratio(value, reference) -> float | None:
-    if value is None or reference is None or reference == 0:
+def collect_study(settings: BenchSettings, output: Path) -> dict[str, dict[int, dict]]:
+    """label -> seed -> result, for every finished study run (in the plan's order of labels)."""
+    table: dict[str, dict[int, dict]] = {}
+    for seed in settings.seeds:
+        specs = independent_runs(settings, seed)
+        dlt = _try_load(output, specs[1])
+        if dlt is not None:
+            specs += runs_after_dlt(seed, dlt["final_map"], dlt["distinct_final"], dlt["distinct_mean"])
+        for spec in specs:
+            result = _try_load(output, spec)
+            table.setdefault(spec.label, {})
+            if result is not None:
+                table[spec.label][seed] = result
+    return table
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t-interval (nan with fewer than 2 values)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, math.nan
+    return mean, float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def paired_difference(runs: dict[int, dict], baseline: dict[int, dict], key: str = "test_loss") -> dict | None:
+    """Mean and interval of runs[seed][key] - baseline[seed][key] over the seeds both have."""
+    seeds = sorted(runs.keys() & baseline.keys())
+    if not seeds:
         return None
-    return value / reference
+    mean, half = interval([runs[seed][key] - baseline[seed][key] for seed in seeds])
+    return {"mean": mean, "half_width": half, "seeds": len(seeds), "verdict": _verdict(mean, half)}
 
 
-def hardware() -> dict:
-    """What the numbers were measured on."""
-    import torch
-    import transformers
-
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [
-            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
-        ]
-        cpu = names[0] if names else cpu
-    return {
-        "cpu": cpu,
-        "cpu_cores": os.cpu_count(),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "platform": platform.platform(),
-    }
+def _verdict(mean: float, half: float) -> str:
+    if math.isnan(half) or abs(mean) <= half:
+        return "no difference detected"
+    return "lower" if mean < 0 else "higher"
 
 
-def write_json(report: dict, path: Path) -> None:
-    path.write_text(json.dumps(report, indent=2) + "\n")
-
-
-# ----- results.md -----
-
-
-def _mib(value: int | None) -> str:
-    return "—" if value is None else f"{value / MIB:,.2f} MiB"
-
-
-def _count(value: int) -> str:
-    return f"{value:,}"
-
-
-def _number(value: float | None) -> str:
-    if value is None:
-        return "—"
-    return "inf" if math.isinf(value) else f"{value:,.1f}"
-
-
-def _with_ratio(text: str, ratio: float | None) -> str:
-    return text if ratio is None else f"{text} (×{ratio:.2f})"
-
-
-def _strategy_row(run: dict) -> list[str]:
-    ratios = run["ratios_vs_none"]
-    wikitext = (
-        "missing"
-        if run["wikitext_missing"]
-        else _with_ratio(_number(run["wikitext_perplexity"]), ratios["wikitext_perplexity"])
+def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
+    """One row per label: quality, budget, memory, overhead and paired differences."""
+    static_at_final = {f"{layout} @ final U" for layout in STATIC_LAYOUTS}
+    measured = {label: runs for label, runs in table.items() if runs}
+    best_static = min(
+        (label for label in static_at_final if label in measured),
+        key=lambda label: statistics.fmean(run["test_loss"] for run in measured[label].values()),
+        default=None,
     )
-    overhead = (
-        "—"
-        if run["agent_overhead_share"] is None
-        else f"{100 * run['agent_overhead_share']:.1f}% ({run['tying_seconds']:.1f} s)"
-    )
-    return [
-        f"`{run['strategy']}`",
-        f"`{run['map_text']}`",
-        _with_ratio(str(run["distinct_blocks"]), ratios["distinct_blocks"]),
-        _with_ratio(_count(run["block_parameters"]), ratios["block_parameters"]),
-        _with_ratio(_count(run["trainable_parameters"]), ratios["trainable_parameters"]),
-        _with_ratio(_number(run["shakespeare_perplexity"]), ratios["shakespeare_perplexity"]),
-        wikitext,
-        _with_ratio(_mib(run["state_bytes"]["total"]), ratios["state_bytes_total"]),
-        _with_ratio(_mib(run["analytic_floor_bytes"]), ratios["analytic_floor_bytes"]),
-        _with_ratio(_mib(run["peak_memory_bytes"]), ratios["peak_memory_bytes"]),
-        _with_ratio(f"{run['tokens_per_second']:,.0f}", ratios["tokens_per_second"]),
-        _with_ratio(_mib(run["checkpoint_bytes"]), ratios["checkpoint_bytes"]),
-        overhead,
-    ]
+    rows = {}
+    for label, runs in measured.items():
+        results = list(runs.values())
+        loss, loss_half = interval([run["test_loss"] for run in results])
+        rows[label] = {
+            "seeds": sorted(runs),
+            "test_loss": loss,
+            "test_loss_half_width": loss_half,
+            "test_perplexity": math.exp(loss),
+            "validation_loss": statistics.fmean(run["validation_loss"] for run in results),
+            "distinct_final": statistics.fmean(run["distinct_final"] for run in results),
+            "distinct_mean": statistics.fmean(run["distinct_mean"] for run in results),
+            "distinct_peak": max(run["distinct_peak"] for run in results),
+            "peak_state_mb": statistics.fmean(run["peak_state_bytes"] for run in results) / MB,
+            "peak_process_mb": statistics.fmean(run["peak_process_bytes"] for run in results) / MB,
+            "train_seconds": statistics.fmean(run["train_seconds"] for run in results),
+            "agent_overhead": statistics.fmean(sum(run["tying_seconds"].values()) / run["train_seconds"] for run in results),
+            "versus": {
+                name: paired_difference(runs, measured[other])
+                for name, other in (("none", "none"), ("random", "random"), ("best static", best_static))
+                if other in measured and other != label
+            },
+        }
+    return {"rows": rows, "best_static_at_final_budget": best_static}
 
 
-STRATEGY_HEADER = [
-    "strategy",
-    "final map",
-    "distinct blocks",
-    "trainable block params",
-    "trainable params",
-    "Shakespeare val. ppl",
-    "WikiText-2 test ppl",
-    "params+grads+Adam (measured)",
-    "analytic floor",
-    "peak memory",
-    "train tokens/s",
-    "checkpoint (safetensors)",
-    "agent overhead",
-]
-MEMORY_HEADER = [
-    "blocks L",
-    "distinct U",
-    "trainable params",
-    "params+grads+Adam (measured)",
-    "analytic floor",
-    "measured / floor",
-    "measured vs U = L",
-]
+def _cell(difference: dict | None) -> str:
+    if difference is None:
+        return ""
+    return f"{difference['mean']:+.3f} ± {difference['half_width']:.3f}"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
-        "| " + " | ".join(row) + " |" for row in rows
-    ]
+def _hardware(settings: BenchSettings) -> str:
+    if settings.use_gpu and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else platform.processor()
+    return f"{model}, {settings.num_threads or torch.get_num_threads()} thread(s) per run"
 
 
-def _memory_rows(sweep: list[dict], with_cuda_peak: bool) -> list[list[str]]:
-    untied = {
-        row["num_blocks"]: row["state_bytes"]["total"] for row in sweep if row["distinct_blocks"] == row["num_blocks"]
+def write_report(settings: BenchSettings, output: Path) -> Path:
+    table = collect_study(settings, output)
+    summary = summarise(table)
+    memory = [result for spec in memory_runs(settings) if (result := _try_load(output, spec)) is not None]
+    baselines = json.loads((output / "settings.json").read_text())["baselines"]
+    payload = {
+        "settings": json.loads(settings.fingerprint()) | {"seeds": list(settings.seeds)},
+        "hardware": _hardware(settings),
+        "baselines": baselines,
+        **summary,
+        "memory": memory,
+        "runs": {label: runs for label, runs in table.items()},
     }
-    rows = []
-    for row in sweep:
-        measured = row["state_bytes"]["total"]
-        reference = untied.get(row["num_blocks"])
-        cells = [
-            str(row["num_blocks"]),
-            str(row["distinct_blocks"]),
-            _count(row["trainable_parameters"]),
-            _mib(measured),
-            _mib(row["analytic_floor_bytes"]),
-            f"{measured / row['analytic_floor_bytes']:.4f}",
-            "—" if reference is None else f"×{measured / reference:.2f}",
-        ]
-        rows.append(cells + [_mib(row["cuda_peak_bytes"])] if with_cuda_peak else cells)
-    return rows
+    (output / "results.json").write_text(json.dumps(payload, indent=2))
+    _plot_quality(summary["rows"], baselines["bigram_test_loss"], output / "quality_vs_distinct.png")
+    if memory:
+        _plot_memory(memory, output / "memory_vs_depth.png")
+    report = output / "results.md"
+    report.write_text(_markdown(settings, payload))
+    return report
 
 
-def markdown(report: dict) -> str:
-    settings, machine = report["settings"], report["hardware"]
+def _markdown(settings: BenchSettings, payload: dict) -> str:
+    rows, best = payload["rows"], payload["best_static_at_final_budget"]
     lines = [
-        f"# hf-layertie bench: preset `{report['preset']}`",
+        f"Model: TiedGPT2, {settings.n_layer} blocks x {settings.n_embd} ({settings.n_head} heads), context {settings.block_size}, "
+        f"`shakespeare-bpe` (2,048 tokens); {settings.max_steps} steps x {settings.batch_size} x {settings.block_size} tokens, "
+        f"AdamW lr {settings.learning_rate:g} cosine, k = {settings.tying_interval}; budget U = {settings.max_distinct_blocks} "
+        f"distinct blocks for dlt, random and similarity. Hardware: {payload['hardware']}.",
         "",
-        f"Measured on {machine['cpu']} ({machine['cpu_cores']} cores"
-        + (f", GPU {machine['gpu']}" if machine["gpu"] else ", no GPU")
-        + f"), torch {machine['torch']}, transformers {machine['transformers']}; "
-        + f"whole bench {report['wall_seconds'] / 60:.1f} min.",
+        f"Test loss in nats per token on 4 held-out plays (Hamlet, Lear, Othello, Much Ado), mean ± 95% interval over "
+        f"paired seeds; differences are paired (negative: lower loss than the other). Count bigram of the same "
+        f"tokenization: {payload['baselines']['bigram_test_loss']:.3f}. Best static layout at DLT's final budget: {best}.",
         "",
-        f"Settings: {', '.join(f'{key}={value}' for key, value in settings.items())}.",
+        "| strategy | seeds | test loss | ppl | distinct final / mean / peak | vs none | vs random | vs best static | peak state MB | peak RSS MB | agent time |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    runs = report["runs"]
-    if runs:
-        dlt = next(run for run in runs if run["strategy"] == "dlt")
-        lines += [
-            "",
-            "## Strategies side by side",
-            "",
-            f"Every run: {settings['n_layer']} blocks, n_embd {settings['n_embd']}, the same data, seed and "
-            f"{settings['max_steps']} optimizer steps, trained by `TyingTrainer`, each in its own process. "
-            f"U = {dlt['distinct_blocks']}, the distinct blocks DLT ended with. "
-            "(×r) = this run / the `none` run. See bench/README.md for what each column measures.",
-            "",
-            *_table(STRATEGY_HEADER, [_strategy_row(run) for run in runs]),
-        ]
-        missing = {run["wikitext_missing"] for run in runs if run["wikitext_missing"]}
-        if missing:
-            lines += [
-                "",
-                f"WikiText-2 perplexity is missing: no file at {', '.join(sorted(missing))} (see --wikitext_file).",
-            ]
-        kinds = {run["peak_memory_kind"] for run in runs}
-        lines += ["", "Peak memory: " + ", ".join(sorted(kinds)) + " of the run's own process (see bench/README.md)."]
-    if report["memory_sweep"]:
-        with_cuda_peak = any(row["cuda_peak_bytes"] is not None for row in report["memory_sweep"])
-        header = MEMORY_HEADER + ["CUDA peak allocated"] if with_cuda_peak else MEMORY_HEADER
-        lines += [
-            "",
-            "## Memory against distinct blocks",
-            "",
-            f"`static:sequence:U` on deep models (n_embd {settings['memory_n_embd']}), "
-            f"{settings['memory_steps']} steps each; "
-            "measured from the live tensors after the last optimizer step. "
-            "Floor = 4 × 4 bytes × (non-block params + U × params per block).",
-            "",
-            *_table(header, _memory_rows(report["memory_sweep"], with_cuda_peak)),
-        ]
+    for label, row in rows.items():
+        versus = row["versus"]
+        lines.append(
+            f"| {label} | {len(row['seeds'])} | {row['test_loss']:.3f} ± {row['test_loss_half_width']:.3f} | {row['test_perplexity']:.1f} "
+            f"| {row['distinct_final']:.1f} / {row['distinct_mean']:.1f} / {row['distinct_peak']} "
+            f"| {_cell(versus.get('none'))} | {_cell(versus.get('random'))} | {_cell(versus.get('best static'))} "
+            f"| {row['peak_state_mb']:.2f} | {row['peak_process_mb']:.0f} | {100 * row['agent_overhead']:.1f}% |"
+        )
+    lines += ["", "Paired verdicts (test loss, 95% interval):", ""]
+    for label in ("dlt", "dlt (paper agent)"):
+        for name, difference in rows.get(label, {}).get("versus", {}).items():
+            if difference is not None:
+                lines.append(f"- {label} vs {name}: {difference['verdict']} ({_cell(difference)} nats, {difference['seeds']} seeds)")
+    lines += _overhead_lines(payload["runs"].get("dlt", {}))
+    lines += _memory_lines(payload["memory"])
     return "\n".join(lines) + "\n"
 
 
-# ----- plots -----
-
-STYLE = {"none": ("black", "*"), "dlt": ("tab:red", "o"), "random": ("tab:orange", "D")}
-
-
-def _spread(positions: list[float], min_gap: float) -> list[float]:
-    """Move sorted label positions apart until neighbours are at least `min_gap` apart (keeps their order)."""
-    spread = list(positions)
-    for index in range(1, len(spread)):
-        spread[index] = max(spread[index], spread[index - 1] + min_gap)
-    shift = (sum(spread) - sum(positions)) / len(spread)  # re-centre on the points
-    return [position - shift for position in spread]
+def _overhead_lines(dlt_runs: dict[int, dict]) -> list[str]:
+    if not dlt_runs:
+        return []
+    runs = list(dlt_runs.values())
+    parts = runs[0]["tying_seconds"].keys()
+    cells = " | ".join(f"{part} {100 * statistics.fmean(run['tying_seconds'][part] / run['train_seconds'] for run in runs):.2f}%" for part in parts)
+    return ["", f"DLT's agent time by part, share of training time: {cells}."]
 
 
-def _label_points(axis, points: dict[tuple[float, float], str]) -> None:
-    """Labels in one column right of the points, in the points' vertical order, spread so that none overlap,
-    each joined to its point by a thin line."""
-    (xmin, xmax), (ymin, ymax) = axis.get_xlim(), axis.get_ylim()
-    label_x = xmax + 0.12 * (xmax - xmin)
-    ordered = sorted(points.items(), key=lambda item: item[0][1])
-    label_ys = _spread([y for (_, y), _ in ordered], min_gap=0.06 * (ymax - ymin))
-    for ((x, y), label), label_y in zip(ordered, label_ys, strict=True):
-        axis.annotate(
-            label,
-            (x, y),
-            xytext=(label_x, label_y),
-            fontsize=9,
-            va="center",
-            arrowprops={"arrowstyle": "-", "color": "0.65", "lw": 0.6, "shrinkA": 2, "shrinkB": 5},
+def _memory_lines(memory: list[dict]) -> list[str]:
+    if not memory:
+        return []
+    by_depth: dict[int, dict[str, dict]] = {}
+    for result in memory:
+        by_depth.setdefault(result["num_blocks"], {})[result["strategy"]] = result
+    lines = [
+        "",
+        "Memory over depth (one seed): peak training state (parameters + gradients + AdamW state, live tensors, "
+        "peak over the run) and process peak.",
+        "",
+        "| blocks | none: state MB | dlt: state MB | dlt / none | none: peak RSS MB | dlt: peak RSS MB | dlt distinct peak | retie ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for depth, runs in sorted(by_depth.items()):
+        none, dlt = runs.get("none"), runs.get("dlt")
+        if none is None or dlt is None:
+            continue
+        lines.append(
+            f"| {depth} | {none['peak_state_bytes'] / MB:.1f} | {dlt['peak_state_bytes'] / MB:.1f} | "
+            f"{dlt['peak_state_bytes'] / none['peak_state_bytes']:.3f} | {none['peak_process_bytes'] / MB:.0f} | "
+            f"{dlt['peak_process_bytes'] / MB:.0f} | {dlt['distinct_peak']} | {dlt['retie_ms']:.2f} |"
         )
-    axis.set_xlim(xmin, xmax + 0.9 * (xmax - xmin))  # room for the label column
-    axis.set_ylim(min(ymin, label_ys[0] - 0.04 * (ymax - ymin)), max(ymax, label_ys[-1] + 0.04 * (ymax - ymin)))
+    return lines
 
 
-def plot_perplexity_vs_trainable(runs: list[dict], path: Path) -> Path:
-    """Perplexity (Shakespeare validation, and WikiText-2 when measured) against trainable parameters."""
-    panels = [("shakespeare_perplexity", "Shakespeare validation plays")]
-    if any(run["wikitext_perplexity"] is not None for run in runs):
-        panels.append(("wikitext_perplexity", "WikiText-2 test (out of domain)"))
-    figure, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 6), squeeze=False)
-    for axis, (key, title) in zip(axes[0], panels, strict=True):
-        merged: dict[tuple[float, float], list[dict]] = {}  # runs that ended identical share one point and label
-        for run in runs:
-            if run[key] is not None and math.isfinite(run[key]):
-                merged.setdefault((run["trainable_parameters"] / 1e6, run[key]), []).append(run)
-        for (x, y), group in merged.items():
-            colour, marker = STYLE.get(group[0]["strategy"], ("tab:blue", "s"))
-            axis.scatter(x, y, color=colour, marker=marker, s=160 if marker == "*" else 60, zorder=3)
-        axis.margins(x=0.08, y=0.1)
-        labels = {
-            point: " = ".join(run["strategy"] for run in group) + f" (U={group[0]['distinct_blocks']})"
-            for point, group in merged.items()
-        }
-        _label_points(axis, labels)
-        axis.set_xlabel("trainable parameters (millions)")
-        axis.set_ylabel("perplexity (lower is better)")
-        axis.set_title(title)
-        axis.grid(alpha=0.3)
-    figure.suptitle("Perplexity after training vs trainable parameters, one point per strategy")
+def _plot_quality(rows: dict[str, dict], bigram: float, path: Path) -> None:
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for label, row in rows.items():
+        half = 0 if math.isnan(row["test_loss_half_width"]) else row["test_loss_half_width"]
+        axes.errorbar(row["distinct_mean"], row["test_loss"], yerr=half, fmt="o", capsize=4, label=label)
+    axes.axhline(bigram, color="grey", linestyle="--", label="count bigram")
+    axes.set_xlabel("distinct blocks, mean over training steps")
+    axes.set_ylabel("test loss (nats/token), mean ± 95% CI")
+    axes.set_title("Quality against the blocks that own weights")
+    axes.legend(fontsize=7, loc="best")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
-    return path
 
 
-def plot_memory_vs_distinct(sweep: list[dict], path: Path) -> Path:
-    """Measured params+grads+Adam bytes against the analytic floor as U grows, absolute and relative to untied."""
-    figure, (absolute, relative) = plt.subplots(1, 2, figsize=(14, 5.5))
-    colours = plt.get_cmap("tab10")
-    depths = sorted({row["num_blocks"] for row in sweep})
-    for index, depth in enumerate(depths):
-        rows = sorted((row for row in sweep if row["num_blocks"] == depth), key=lambda row: row["distinct_blocks"])
-        distinct = [row["distinct_blocks"] for row in rows]
-        measured = [row["state_bytes"]["total"] for row in rows]
-        floor = [row["analytic_floor_bytes"] for row in rows]
-        untied = measured[-1] if distinct[-1] == depth else None
-        style = {
-            "color": colours(index),
-            "markersize": 11 - 4 * index,
-            "markerfacecolor": "none" if index == 0 else colours(index),
-        }
-        absolute.plot(
-            distinct,
-            [value / MIB for value in floor],
-            "--",
-            color=colours(index),
-            lw=1.2,
-            label=f"L={depth}: analytic floor",
-        )
-        absolute.plot(distinct, [value / MIB for value in measured], "o", label=f"L={depth}: measured", **style)
-        if untied:
-            relative.plot(
-                distinct,
-                [value / untied for value in floor],
-                "--",
-                color=colours(index),
-                lw=1.2,
-                label=f"L={depth}: analytic floor",
-            )
-            relative.plot(distinct, [value / untied for value in measured], "o", label=f"L={depth}: measured", **style)
-    ticks = sorted({row["distinct_blocks"] for row in sweep})
-    for axis in (absolute, relative):
-        axis.set_xscale("log", base=2)
-        axis.set_xticks(ticks, [str(tick) for tick in ticks])
-        axis.set_xlabel("distinct blocks U (log scale)")
-        axis.set_ylim(bottom=0)
-        axis.grid(alpha=0.3)
-        axis.legend(loc="lower right")
-    absolute.set_ylabel("parameters + gradients + Adam state (MiB)")
-    absolute.set_title("Training state, measured from the live tensors")
-    relative.set_ylabel("fraction of the untied model (U = L)")
-    relative.set_title("Relative to training every block independently")
-    figure.suptitle("Memory vs distinct blocks (static:sequence:U, fp32 AdamW)")
+def _plot_memory(memory: list[dict], path: Path) -> None:
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for strategy, marker in (("none", "o"), ("dlt", "s")):
+        points = sorted((run["num_blocks"], run) for run in memory if run["strategy"] == strategy)
+        depths = [depth for depth, _ in points]
+        axes.plot(depths, [run["peak_state_bytes"] / MB for _, run in points], marker=marker, label=f"{strategy}: training state")
+        axes.plot(depths, [run["peak_process_bytes"] / MB for _, run in points], marker=marker, linestyle=":", label=f"{strategy}: process peak")
+    axes.set_xlabel("blocks")
+    axes.set_ylabel("peak memory (MB)")
+    axes.set_yscale("log")
+    axes.set_title("Peak memory over the run against depth")
+    axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
-    return path

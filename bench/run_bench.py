@@ -1,153 +1,147 @@
-#!/usr/bin/env python
-"""Every tying strategy trained side by side and measured, in one command.
+"""The study: learned tying against conventional training, random, similarity and static sharing at one budget.
 
-    python bench/run_bench.py --preset tiny      # the whole bench in under 2 minutes on 2 CPU cores
-    python bench/run_bench.py --preset default   # 12 blocks, about an hour on 2 CPU cores
-    python bench/run_bench.py --preset gpu       # GPT-2 small's shape, on a GPU
-    python bench/run_bench.py --help             # every flag
+    python bench/run_bench.py --preset tiny                # smoke test, about 2 minutes
+    python bench/run_bench.py --preset default --jobs 2    # the CPU study, about 3 hours on 2 cores
+    python bench/run_bench.py --help                       # every flag
 
-DLT runs first; then conventional training (`none`), `random` and the static strategies, those with U
-distinct blocks taking U from DLT's final map. Each run is a fresh Python process (this script again, with
-`--single_run STRATEGY`), so its peak memory is its own. A memory sweep over deep models follows. Outputs:
-results.md, results.json, perplexity_vs_trainable.png and memory_vs_distinct.png in --results_dir.
+Every (strategy, seed) run is a fresh single-threaded Python process (its peak memory is its own) that writes
+`runs/.../result.json` when it finishes; a re-run skips finished runs, so the study can be built up over several
+sittings, and `--report_only` rewrites the report from whatever has finished. See bench/README.md.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the Hub: never wait for its time-outs
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from tqdm.auto import tqdm
+from transformers import HfArgumentParser
 
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-if __package__ in (None, ""):  # run as `python bench/run_bench.py`: make the `bench` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from transformers import HfArgumentParser  # noqa: E402
-
-from bench import report  # noqa: E402
+from bench.measure import count_bigram_test_loss, run  # noqa: E402
+from bench.report import load_result, write_report  # noqa: E402
 from bench.settings import (  # noqa: E402
     BenchArguments,
-    compared_strategies,
+    BenchSettings,
+    RunSpec,
+    independent_runs,
+    memory_runs,
     resolve_settings,
     results_dir,
-    wikitext_path,
+    runs_after_dlt,
 )
 
-RESULTS_MD = "results.md"
-RESULTS_JSON = "results.json"
-PERPLEXITY_PLOT = "perplexity_vs_trainable.png"
-MEMORY_PLOT = "memory_vs_distinct.png"
+RESULT_FILE = "result.json"
 
 
-def run_name(strategy: str) -> str:
-    """A folder name for a strategy: `static:cycle:3` -> `static-cycle-3`."""
-    return strategy.replace(":", "-")
-
-
-def run_in_subprocess(strategy: str, argv: list[str], output_dir: Path) -> dict:
-    """Run this script with `--single_run strategy` in a fresh interpreter; return the JSON it writes.
-
-    The run's log and its tying history (and tying map plot, for dlt / random) stay in runs/<strategy>/.
-    """
-    run_dir = output_dir / "runs" / run_name(strategy)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    result_file = run_dir / "result.json"
-    result_file.unlink(missing_ok=True)
-    log_file = run_dir / "log.txt"
-    command = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        *argv,
-        "--single_run",
-        strategy,
-        "--single_run_output",
-        str(result_file),
-    ]
-    with open(log_file, "w") as log:
-        completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
-    if completed.returncode != 0 or not result_file.is_file():
-        tail = "\n".join(log_file.read_text().splitlines()[-25:])
-        raise RuntimeError(
-            f"the {strategy!r} run failed (exit code {completed.returncode}); end of {log_file}:\n{tail}"
-        )
-    return json.loads(result_file.read_text())
-
-
-def run_strategies(argv: list[str], output_dir: Path) -> list[dict]:
-    """DLT first (its final number of distinct blocks sets U), then every other strategy."""
-    started = time.perf_counter()
-    runs = [run_in_subprocess("dlt", argv, output_dir)]
-    _print_run(runs[0], 1, started)
-    others = compared_strategies(runs[0]["distinct_blocks"])
-    for index, strategy in enumerate(others, start=2):
-        runs.append(run_in_subprocess(strategy, argv, output_dir))
-        _print_run(runs[-1], index, started)
-    baseline = next(run for run in runs if run["strategy"] == report.BASELINE)
-    return [baseline] + [run for run in runs if run is not baseline]
-
-
-def _print_run(run: dict, index: int, started: float) -> None:
-    print(
-        f"[{index}] {run['strategy']}: {run['distinct_blocks']} distinct blocks, Shakespeare ppl "
-        f"{run['shakespeare_perplexity']:.1f}, {run['tokens_per_second']:,.0f} tokens/s "
-        f"({time.perf_counter() - started:.0f} s so far)",
-        flush=True,
-    )
-
-
-def single_run(args: BenchArguments) -> None:
-    """`--single_run`: train and measure one strategy in this process, write its JSON."""
-    from bench.measure import run_strategy  # the heavy imports, only where training happens
-
-    output = Path(args.single_run_output)
-    result = run_strategy(resolve_settings(args), args.single_run, output.parent, wikitext_path(args))
-    output.write_text(json.dumps(result, indent=2) + "\n")
-
-
-def main(argv: list[str] | None = None) -> Path:
-    """Run the bench; returns the results folder."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    (args,) = HfArgumentParser(BenchArguments).parse_args_into_dataclasses(args=argv)
+def main() -> None:
+    (args,) = HfArgumentParser(BenchArguments).parse_args_into_dataclasses()
     settings = resolve_settings(args)
+    output = results_dir(args)
     if args.single_run is not None:
-        single_run(args)
-        return Path(args.single_run_output).parent
-    output_dir = results_dir(args)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
+        single_run(settings, RunSpec.from_json(args.single_run), output)
+        return
+    claim_results_dir(output, settings)
+    failures = [] if args.report_only else Scheduler(settings, output, args.jobs, not args.skip_memory).run()
+    report = write_report(settings, output)
+    print(f"\nReport: {report}")
+    if failures:
+        sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
 
-    runs = [] if args.memory_only else run_strategies(argv, output_dir)
-    sweep = []
-    if not args.skip_memory:
-        from bench.measure import run_memory_sweep
 
-        print(f"Memory sweep: {', '.join(map(str, settings.memory_depths))} blocks", flush=True)
-        sweep = run_memory_sweep(settings)
-    if runs:
-        report.add_ratios(runs)
-        report.plot_perplexity_vs_trainable(runs, output_dir / PERPLEXITY_PLOT)
-    if sweep:
-        report.plot_memory_vs_distinct(sweep, output_dir / MEMORY_PLOT)
-    results = {
-        "preset": args.preset,
-        "settings": dataclasses.asdict(settings),
-        "wikitext_file": str(wikitext_path(args)),
-        "hardware": report.hardware(),
-        "wall_seconds": time.perf_counter() - started,
-        "runs": runs,
-        "memory_sweep": sweep,
-    }
-    report.write_json(results, output_dir / RESULTS_JSON)
-    (output_dir / RESULTS_MD).write_text(report.markdown(results))
-    print(f"Results in {output_dir}: {RESULTS_MD}, {RESULTS_JSON} and the plots", flush=True)
-    return output_dir
+def claim_results_dir(output: Path, settings: BenchSettings) -> None:
+    """Record the settings beside the runs; refuse a folder whose finished runs were measured under others."""
+    output.mkdir(parents=True, exist_ok=True)
+    settings_file = output / "settings.json"
+    if settings_file.is_file():
+        if json.loads(settings_file.read_text())["fingerprint"] != settings.fingerprint():
+            raise SystemExit(
+                f"{output} holds runs measured with other settings ({settings_file}); pass another --results_dir, "
+                "or delete that folder to start over"
+            )
+        return
+    baselines = {"bigram_test_loss": count_bigram_test_loss(settings)}  # also fills the tokenization cache
+    settings_file.write_text(json.dumps({"fingerprint": settings.fingerprint(), "baselines": baselines}, indent=2))
+
+
+def single_run(settings: BenchSettings, spec: RunSpec, output: Path) -> None:
+    run_dir = output / spec.directory
+    result = run(settings, spec, run_dir)
+    temporary = run_dir / (RESULT_FILE + ".tmp")
+    temporary.write_text(json.dumps(result, indent=2))
+    os.replace(temporary, run_dir / RESULT_FILE)  # a result file is always complete
+
+
+class Scheduler:
+    """Runs the plan seed by seed, `jobs` processes at a time; the runs that need DLT's outcome of a seed (static
+    layouts at its budget, its final map from scratch) are queued when that DLT run has finished."""
+
+    def __init__(self, settings: BenchSettings, output: Path, jobs: int, with_memory: bool):
+        self.settings, self.output, self.jobs = settings, output, jobs
+        self.queue: list[tuple[float, RunSpec]] = []
+        for seed_index, seed in enumerate(settings.seeds):
+            self.queue += [(seed_index, spec) for spec in independent_runs(settings, seed)]
+        if with_memory:
+            self.queue += [(0.5, spec) for spec in memory_runs(settings)]
+        self.running: dict[str, tuple[subprocess.Popen, RunSpec, float]] = {}
+        self.seen: set[str] = set()
+        self.failures: list[str] = []
+
+    def run(self) -> list[str]:
+        self.progress = tqdm(desc="Study runs", unit="run", total=len(self.queue))
+        while self.queue or self.running:
+            while self.queue and len(self.running) < self.jobs:
+                self._start(*self.queue.pop(0))
+            time.sleep(0.5)
+            for directory in [d for d, (process, _, _) in self.running.items() if process.poll() is not None]:
+                self._finish(directory)
+        self.progress.close()
+        return self.failures
+
+    def _start(self, order: float, spec: RunSpec) -> None:
+        if spec.directory in self.seen:  # one run serves two labels (e.g. equal final and mean budgets)
+            self.progress.total -= 1
+            return
+        self.seen.add(spec.directory)
+        run_dir = self.output / spec.directory
+        if (run_dir / RESULT_FILE).is_file():
+            self.progress.update()
+            self._after(order, spec)
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--single_run", spec.to_json()]
+        threads = {"OMP_NUM_THREADS": str(self.settings.num_threads)} if self.settings.num_threads else {}
+        with open(run_dir / "log.txt", "w") as log:
+            process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false", **threads}
+            )
+        self.running[spec.directory] = (process, spec, order)
+
+    def _finish(self, directory: str) -> None:
+        process, spec, order = self.running.pop(directory)
+        self.progress.update()
+        if process.returncode != 0:
+            self.failures.append(f"{spec.label} seed {spec.seed} (exit code {process.returncode}): {self.output / directory / 'log.txt'}")
+            return
+        result = load_result(self.output / directory)
+        loss = f", test loss {result['test_loss']:.4f}" if "test_loss" in result else ""
+        self.progress.write(f"{spec.kind} {spec.label} seed {spec.seed}: {result['train_seconds']:.0f} s{loss}")
+        self._after(order, spec)
+
+    def _after(self, order: float, spec: RunSpec) -> None:
+        """Queue the runs a finished DLT run of the study makes possible, before the next seed's runs."""
+        if spec.kind != "study" or spec.strategy != "dlt" or spec.dlt_variant != "default":
+            return
+        dlt = load_result(self.output / spec.directory)
+        followers = runs_after_dlt(spec.seed, dlt["final_map"], dlt["distinct_final"], dlt["distinct_mean"])
+        position = next((i for i, (other, _) in enumerate(self.queue) if other > order), len(self.queue))
+        self.queue[position:position] = [(order, follower) for follower in followers]
+        self.progress.total += len(followers)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,31 @@
-"""Command-line arguments and presets of the benchmark.
+"""What the study compares, on what, for how long: presets, command-line flags and the plan of runs.
 
-A preset fixes every size of the comparison (model, data, steps, evaluation caps, memory sweep); any of
-them can be overridden by its flag. Every strategy of one bench is trained with the same settings.
+A preset fixes every size (model, data, steps, seeds, memory runs); any of them can be overridden by its flag.
+Every run of one study uses the same settings; the runs of one seed share initial weights and data order.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_WIKITEXT = REPO_ROOT.parent / "shared" / "data" / "wikitext-2" / "test.txt"
+BENCH_PLAYS_DIR = REPO_ROOT / "bench" / "data" / "shakespeare"
+
+# All 42 works, split by whole work (no line of an evaluation play is trained on). The seven plays the shipped
+# tokenizers were trained on are training plays here too, so the tokenizer never saw an evaluation play.
+STUDY_SPLITS: dict[str, tuple[str, ...]] = {
+    "validation": ("macbeth", "tempest"),
+    "test": ("hamlet", "lear", "othello", "much_ado_about_nothing"),
+}
 
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """Everything that sizes one bench. `None` caps mean "all of it"; `num_threads=None` keeps torch's default."""
+    """Everything that sizes one study. `num_threads=None` keeps torch's default."""
 
     n_layer: int
     n_embd: int
@@ -28,93 +36,52 @@ class BenchSettings:
     learning_rate: float
     warmup_steps: int
     tying_interval: int
-    epsilon_decay: float
-    reward_batch_size: int
-    max_eval_blocks: int | None
-    wikitext_max_tokens: int | None
+    max_distinct_blocks: int
+    seeds: tuple[int, ...]
+    max_test_blocks: int | None
     memory_depths: tuple[int, ...]
     memory_n_embd: int
     memory_n_head: int
+    memory_max_distinct_blocks: int
     memory_batch_size: int
     memory_steps: int
-    seed: int = 42
-    num_threads: int | None = None
+    memory_tying_interval: int
+    num_threads: int | None = 1
     use_gpu: bool = False
+
+    def fingerprint(self) -> str:
+        """What a result must have been measured under to be reused (everything but scheduling)."""
+        return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if k not in ("seeds", "num_threads")})
 
 
 PRESETS: dict[str, BenchSettings] = {
-    # The whole bench in under 2 minutes on 2 CPU cores (most of it is starting 8 Python processes).
+    # Every strategy and the memory runs end to end in about 2 minutes on 2 CPU cores: a smoke test, no findings.
     "tiny": BenchSettings(
-        n_layer=4,
-        n_embd=32,
-        n_head=2,
-        block_size=32,
-        max_steps=12,
-        batch_size=4,
-        learning_rate=3e-3,
-        warmup_steps=0,
-        tying_interval=2,
-        epsilon_decay=0.5,
-        reward_batch_size=8,
-        max_eval_blocks=16,
-        wikitext_max_tokens=512,
-        memory_depths=(24, 48),
-        memory_n_embd=32,
-        memory_n_head=2,
-        memory_batch_size=2,
-        memory_steps=1,
-        num_threads=1,
-    ),
-    # 12 blocks on a 2-core CPU: about an hour for the whole bench (see bench/README.md for the measured estimate).
+        n_layer=4, n_embd=32, n_head=2, block_size=32, max_steps=12, batch_size=4, learning_rate=3e-3,
+        warmup_steps=0, tying_interval=2, max_distinct_blocks=2, seeds=(0, 1), max_test_blocks=16,
+        memory_depths=(4, 8), memory_n_embd=32, memory_n_head=2, memory_max_distinct_blocks=2,
+        memory_batch_size=2, memory_steps=4, memory_tying_interval=1,
+    ),  # fmt: skip
+    # The CPU study: 12 blocks of width 64 (82% of the parameters in blocks), 1,000 steps of 16 x 64 tokens
+    # (1 M tokens, under one epoch of the training works), 500 decisions per DLT run, 5 seeds.
     "default": BenchSettings(
-        n_layer=12,
-        n_embd=128,
-        n_head=4,
-        block_size=128,
-        max_steps=200,
-        batch_size=8,
-        learning_rate=1e-3,
-        warmup_steps=20,
-        tying_interval=5,
-        epsilon_decay=0.6,
-        reward_batch_size=16,
-        max_eval_blocks=None,
-        wikitext_max_tokens=16384,
-        memory_depths=(24, 48),
-        memory_n_embd=256,
-        memory_n_head=4,
-        memory_batch_size=2,
-        memory_steps=2,
-    ),
-    # GPT-2 small's shape on one GPU.
+        n_layer=12, n_embd=64, n_head=4, block_size=64, max_steps=1000, batch_size=16, learning_rate=3e-3,
+        warmup_steps=50, tying_interval=2, max_distinct_blocks=4, seeds=(0, 1, 2, 3, 4), max_test_blocks=None,
+        memory_depths=(12, 24, 48), memory_n_embd=128, memory_n_head=4, memory_max_distinct_blocks=8,
+        memory_batch_size=8, memory_steps=60, memory_tying_interval=2,
+    ),  # fmt: skip
+    # One GPU: 12 x 384 (GPT-2 small's depth, a quarter of its width), 256-token context, 6,000 steps.
     "gpu": BenchSettings(
-        n_layer=12,
-        n_embd=768,
-        n_head=12,
-        block_size=512,
-        max_steps=3000,
-        batch_size=16,
-        learning_rate=3e-4,
-        warmup_steps=100,
-        tying_interval=15,
-        epsilon_decay=0.85,
-        reward_batch_size=16,
-        max_eval_blocks=None,
-        wikitext_max_tokens=None,
-        memory_depths=(24, 48),
-        memory_n_embd=768,
-        memory_n_head=12,
-        memory_batch_size=4,
-        memory_steps=3,
-        use_gpu=True,
-    ),
+        n_layer=12, n_embd=384, n_head=6, block_size=256, max_steps=6000, batch_size=16, learning_rate=1e-3,
+        warmup_steps=300, tying_interval=15, max_distinct_blocks=4, seeds=(0, 1, 2, 3, 4), max_test_blocks=None,
+        memory_depths=(12, 24, 48), memory_n_embd=768, memory_n_head=12, memory_max_distinct_blocks=8,
+        memory_batch_size=8, memory_steps=60, memory_tying_interval=2, num_threads=None, use_gpu=True,
+    ),  # fmt: skip
 }
-
-_FROM_PRESET = "None = the preset's value."
 
 
 def _override(help_text: str) -> dict:
-    return field(default=None, metadata={"help": f"{help_text} {_FROM_PRESET}"})
+    return field(default=None, metadata={"help": f"{help_text} None = the preset's value."})
 
 
 @dataclass
@@ -123,61 +90,42 @@ class BenchArguments:
 
     preset: Literal["tiny", "default", "gpu"] = field(
         default="default",
-        metadata={
-            "help": "tiny: < 2 min on 2 CPU cores. default: 12 blocks, about 1 h on 2 CPU cores. gpu: GPT-2 small."
-        },
+        metadata={"help": "tiny: a 2-minute smoke test. default: the CPU study (about 3 h on 2 cores). gpu: one GPU."},
     )
     results_dir: str | None = field(
-        default=None,
-        metadata={"help": "Where results.md, results.json and the plots go. Default: bench/results/<preset>."},
+        default=None, metadata={"help": "Where runs/, results.json, results.md and the plots go. Default: bench/results/<preset>."}
     )
-    wikitext_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "WikiText-2 test split (plain text) for the out-of-domain perplexity. Default: "
-            "../shared/data/wikitext-2/test.txt beside the repository. If missing, the table says so."
-        },
-    )
-    skip_memory: bool = field(default=False, metadata={"help": "Skip the memory sweep over deep models."})
-    memory_only: bool = field(default=False, metadata={"help": "Run only the memory sweep over deep models."})
+    jobs: int = field(default=1, metadata={"help": "Runs side by side, each a single-threaded process (CPU)."})
+    report_only: bool = field(default=False, metadata={"help": "Write the report from finished runs; train nothing."})
+    skip_memory: bool = field(default=False, metadata={"help": "Leave out the memory runs over depth."})
     n_layer: int | None = _override("Blocks of the compared models.")
     n_embd: int | None = _override("Hidden size of the compared models.")
     n_head: int | None = _override("Attention heads of the compared models.")
     block_size: int | None = _override("Tokens per example (also the models' context).")
     max_steps: int | None = _override("Optimizer steps of every run.")
     batch_size: int | None = _override("Examples per optimizer step.")
-    learning_rate: float | None = _override("Peak learning rate (AdamW, linear decay).")
+    learning_rate: float | None = _override("Peak learning rate (AdamW, cosine decay).")
     warmup_steps: int | None = _override("Linear warm-up steps.")
-    tying_interval: int | None = _override("k: optimizer steps between two decisions of dlt / random.")
-    epsilon_decay: float | None = _override(
-        "DLT's exploration decay per sweep over the blocks (the paper's 0.95 needs more decisions than a bench makes)."
-    )
-    reward_batch_size: int | None = _override("Training blocks held out (from every run) as the agent's reward batch.")
-    max_eval_blocks: int | None = _override(
-        "Cap on Shakespeare validation blocks evaluated (presets default/gpu: all)."
-    )
-    wikitext_max_tokens: int | None = _override("Cap on WikiText-2 test tokens evaluated (preset gpu: all).")
-    memory_depths: str | None = _override("Comma-separated block counts of the memory sweep, e.g. '24,48'.")
-    memory_n_embd: int | None = _override("Hidden size of the memory-sweep models.")
-    memory_n_head: int | None = _override("Attention heads of the memory-sweep models.")
-    memory_batch_size: int | None = _override("Examples per step in the memory sweep.")
-    memory_steps: int | None = _override("Optimizer steps per memory-sweep model.")
-    seed: int | None = _override("Seed of data order, initial weights and agent.")
-    num_threads: int | None = _override("torch intra-op threads (presets default/gpu: torch's default).")
-    use_gpu: bool | None = _override("'true': train on the CUDA GPU (preset gpu does); 'false': on the CPU.")
+    tying_interval: int | None = _override("k: optimizer steps between two decisions.")
+    max_distinct_blocks: int | None = _override("The budget U: distinct blocks dlt, random and similarity may use.")
+    seeds: str | None = _override("Comma-separated seeds, e.g. '0,1,2'; each seed is one paired replicate.")
+    max_test_blocks: int | None = _override("Cap on the test blocks evaluated.")
+    memory_depths: str | None = _override("Comma-separated depths of the memory runs, e.g. '12,24,48'.")
+    memory_n_embd: int | None = _override("Hidden size of the memory runs.")
+    memory_n_head: int | None = _override("Attention heads of the memory runs.")
+    memory_max_distinct_blocks: int | None = _override("Budget of the DLT memory runs.")
+    memory_batch_size: int | None = _override("Examples per step in the memory runs.")
+    memory_steps: int | None = _override("Optimizer steps per memory run.")
+    memory_tying_interval: int | None = _override("k of the DLT memory runs.")
+    num_threads: int | None = _override("torch intra-op threads per run.")
+    use_gpu: bool | None = _override("'true': train on the CUDA GPU (preset gpu does).")
     single_run: str | None = field(
-        default=None,
-        metadata={"help": "Internal: train and measure only this strategy, in this process, and write its JSON."},
-    )
-    single_run_output: str | None = field(
-        default=None, metadata={"help": "Internal: the JSON file --single_run writes."}
+        default=None, metadata={"help": "Internal: the JSON run spec this process trains and measures."}
     )
 
     def __post_init__(self):
-        if self.skip_memory and self.memory_only:
-            raise ValueError("--skip_memory and --memory_only exclude each other")
-        if self.single_run is not None and self.single_run_output is None:
-            raise ValueError("--single_run needs --single_run_output (the JSON file to write)")
+        if self.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
 
 
 def resolve_settings(args: BenchArguments) -> BenchSettings:
@@ -187,40 +135,47 @@ def resolve_settings(args: BenchArguments) -> BenchSettings:
         for setting in dataclasses.fields(BenchSettings)
         if getattr(args, setting.name, None) is not None
     }
-    if "memory_depths" in overrides:
-        overrides["memory_depths"] = _parse_depths(overrides["memory_depths"])
+    for name in ("seeds", "memory_depths"):
+        if name in overrides:
+            overrides[name] = _parse_integers(overrides[name], name)
     settings = dataclasses.replace(PRESETS[args.preset], **overrides)
     _check(settings)
     return settings
 
 
-def _parse_depths(text: str) -> tuple[int, ...]:
+def _parse_integers(text: str, name: str) -> tuple[int, ...]:
     parts = [part.strip() for part in text.split(",") if part.strip()]
-    if not parts or not all(part.isdecimal() and int(part) >= 1 for part in parts):
-        raise ValueError(f"--memory_depths {text!r}: expected comma-separated positive block counts, e.g. '24,48'")
+    if not parts or not all(part.isdecimal() for part in parts):
+        raise ValueError(f"--{name} {text!r}: expected comma-separated non-negative integers, e.g. '0,1,2'")
     return tuple(int(part) for part in parts)
 
 
 def _check(settings: BenchSettings) -> None:
     positive = (
-        "n_layer", "n_embd", "n_head", "block_size", "max_steps", "batch_size", "tying_interval",
-        "reward_batch_size", "memory_n_embd", "memory_n_head", "memory_batch_size", "memory_steps",
+        "n_layer", "n_embd", "n_head", "block_size", "max_steps", "batch_size", "tying_interval", "max_distinct_blocks",
+        "memory_n_embd", "memory_n_head", "memory_max_distinct_blocks", "memory_batch_size", "memory_steps",
+        "memory_tying_interval",
     )  # fmt: skip
     for name in positive:
         if getattr(settings, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(settings, name)}")
-    for name in ("max_eval_blocks", "wikitext_max_tokens", "num_threads"):
+    for name in ("max_test_blocks", "num_threads"):
         value = getattr(settings, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be >= 1, got {value}")
     if settings.learning_rate <= 0:
         raise ValueError(f"--learning_rate must be > 0, got {settings.learning_rate}")
-    if not 0 < settings.epsilon_decay <= 1:
-        raise ValueError(f"--epsilon_decay must be in (0, 1], got {settings.epsilon_decay}")
-    for size, heads, prefix in (
-        (settings.n_embd, settings.n_head, ""),
-        (settings.memory_n_embd, settings.memory_n_head, "memory_"),
-    ):
+    if settings.max_distinct_blocks >= settings.n_layer:
+        raise ValueError(
+            f"--max_distinct_blocks {settings.max_distinct_blocks} must be below --n_layer {settings.n_layer}: "
+            "the study compares ways of sharing blocks under a budget"
+        )
+    if min(settings.memory_depths) <= settings.memory_max_distinct_blocks:
+        raise ValueError(
+            f"--memory_depths {settings.memory_depths}: every depth must exceed --memory_max_distinct_blocks "
+            f"{settings.memory_max_distinct_blocks}"
+        )
+    for size, heads, prefix in ((settings.n_embd, settings.n_head, ""), (settings.memory_n_embd, settings.memory_n_head, "memory_")):
         if size % heads:
             raise ValueError(f"--{prefix}n_embd {size} must be divisible by --{prefix}n_head {heads}")
 
@@ -229,28 +184,67 @@ def results_dir(args: BenchArguments) -> Path:
     return Path(args.results_dir) if args.results_dir is not None else REPO_ROOT / "bench" / "results" / args.preset
 
 
-def wikitext_path(args: BenchArguments) -> Path:
-    return Path(args.wikitext_file) if args.wikitext_file is not None else DEFAULT_WIKITEXT
+# ----- the plan: which runs, in which order -----
 
 
-def distinct_counts(num_blocks: int) -> list[int]:
-    """U = 1, 2, 4, 8, ... below `num_blocks`, then `num_blocks` itself (no tying)."""
-    counts = []
-    distinct = 1
-    while distinct < num_blocks:
-        counts.append(distinct)
-        distinct *= 2
-    return counts + [num_blocks]
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run: `label` is its row in the table, `strategy` what TyingTrainer gets (same strategy, same
+    run: two labels may share one), `kind` "study" or "memory"."""
+
+    label: str
+    strategy: str
+    seed: int
+    kind: str = "study"
+    dlt_variant: str = "default"
+    num_blocks: int | None = None
+
+    @property
+    def directory(self) -> str:
+        name = self.strategy.replace(":", "-").replace(",", "_")
+        if self.dlt_variant != "default":
+            name += f"-{self.dlt_variant}"
+        depth = f"L{self.num_blocks}/" if self.kind == "memory" else ""
+        return f"{self.kind}/{depth}{name}/seed{self.seed}"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> RunSpec:
+        return cls(**json.loads(text))
 
 
-def compared_strategies(dlt_distinct: int) -> list[str]:
-    """The strategies run after DLT; the static ones with U distinct blocks take U from DLT's final map."""
+STATIC_LAYOUTS = ("sequence", "cycle", "cycle_rev")
+
+
+def independent_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
+    """The runs of a seed that need nothing from another run."""
+    budget = settings.max_distinct_blocks
     return [
-        "none",
-        "random",
-        "static:all",
-        f"static:sequence:{dlt_distinct}",
-        f"static:cycle:{dlt_distinct}",
-        f"static:cycle_rev:{dlt_distinct}",
-        "static:sandwich",
+        RunSpec("none", "none", seed),
+        RunSpec("dlt", "dlt", seed),
+        RunSpec("dlt (paper agent)", "dlt", seed, dlt_variant="paper"),
+        RunSpec("random", "random", seed),
+        RunSpec("similarity", f"similarity:{budget}", seed),
+    ]
+
+
+def runs_after_dlt(seed: int, final_map: list[int], final_distinct: int, average_distinct: float) -> list[RunSpec]:
+    """Static layouts at DLT's final and at its time-averaged number of distinct blocks, and DLT's final map
+    trained from scratch: what a learned schedule is measured against at the same budget."""
+    average = max(1, round(average_distinct))
+    runs = [RunSpec(f"{layout} @ final U", f"static:{layout}:{final_distinct}", seed) for layout in STATIC_LAYOUTS]
+    runs += [RunSpec(f"{layout} @ mean U", f"static:{layout}:{average}", seed) for layout in STATIC_LAYOUTS]
+    runs.append(RunSpec("dlt final map, from scratch", "static:" + ",".join(map(str, final_map)), seed))
+    return runs
+
+
+def memory_runs(settings: BenchSettings) -> list[RunSpec]:
+    """At each depth: conventional training and DLT under the memory budget (first seed)."""
+    seed = settings.seeds[0]
+    return [
+        spec
+        for depth in settings.memory_depths
+        for spec in (RunSpec("none", "none", seed, "memory", num_blocks=depth), RunSpec("dlt", "dlt", seed, "memory", num_blocks=depth))
     ]
