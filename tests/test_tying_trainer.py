@@ -1,6 +1,7 @@
 """TyingTrainer: decisions inside training_step, optimizer in step with the model, resume, logging, errors."""
 
 import json
+import shutil
 
 import datasets
 import matplotlib.pyplot as plt
@@ -263,6 +264,67 @@ def test_resume_from_checkpoint_equals_the_uninterrupted_run(tmp_path):
         torch.testing.assert_close(final[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
     history = [json.loads(line) for line in (tmp_path / "resumed" / TYING_HISTORY_NAME).read_text().splitlines()]
     assert_records_close(history, uninterrupted.tying_records)
+
+
+@pytest.fixture(scope="module")
+def saved_checkpoints(tmp_path_factory):
+    """`{strategy: checkpoint-2 of a 2-step run}` for a DLT run and a conventional one."""
+    checkpoints = {}
+    for strategy in ("dlt", "none"):
+        output_dir = tmp_path_factory.mktemp(strategy)
+        make_trainer(output_dir, tying_strategy=strategy, max_steps=2, save_strategy="steps", save_steps=2).train()
+        checkpoints[strategy] = output_dir / "checkpoint-2"
+    return checkpoints
+
+
+START_AFRESH = r"To continue that run, repeat its settings; to start a new one, train into a new output_dir, or delete"
+
+
+@pytest.mark.parametrize(
+    "saved, overrides, message",
+    [
+        ("dlt", dict(tying_strategy="static:all"), r"\(tying_strategy='dlt' there, 'static:all' here\)"),
+        ("dlt", dict(tying_strategy="random", epsilon_start=0.5), r"\(tying_strategy='dlt' there, 'random' here\)"),
+        ("dlt", dict(tying_strategy="none"), r"\(tying_strategy='dlt' there, 'none' here\)"),
+        ("dlt", dict(epsilon_start=0.5, tying_interval=3), r"\(tying_interval=2 there, 3 here; epsilon_start=None there, 0.5 here\)"),
+        ("dlt", dict(max_distinct_blocks=3), r"\(max_distinct_blocks=None there, 3 here\)"),
+        ("dlt", dict(reward_block_cost=0.1), r"\(reward_block_cost=0.0 there, 0.1 here\)"),
+        ("none", dict(tying_strategy="dlt"), r"cannot resume tying_strategy='dlt' from .*checkpoint-2: it has no tying_state.pt"),
+    ],
+)
+def test_resuming_under_other_tying_settings_is_refused_naming_both_values(tmp_path, saved_checkpoints, saved, overrides, message):
+    trainer = make_trainer(tmp_path, max_steps=4, **overrides)
+    with pytest.raises(ValueError, match=message) as error:
+        trainer.train(resume_from_checkpoint=str(saved_checkpoints[saved]))
+    assert START_AFRESH in str(error.value) and str(saved_checkpoints[saved].parent) in str(error.value)
+    assert trainer.state.global_step == 0
+
+
+def test_settings_the_strategy_does_not_read_may_differ_on_resume(tmp_path, saved_checkpoints):
+    trainer = make_trainer(tmp_path, max_steps=4, tying_plot=False, similarity_warmup_steps=5, reward_batch_size=3)
+    assert trainer.train(resume_from_checkpoint=str(saved_checkpoints["dlt"])).global_step == 4
+    plain = make_trainer(tmp_path / "none", tying_strategy="none", max_steps=4, tying_interval=7)
+    assert plain.train(resume_from_checkpoint=str(saved_checkpoints["none"])).global_step == 4
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "is not a readable tying state"),
+        (b"garbage, not a torch file", "is not a readable tying state"),
+        ({"controller": None}, r"is not a tying state: expected a dict with the keys \['controller', 'fixed_rows'"),
+    ],
+)
+def test_an_unreadable_tying_state_is_named_on_resume(tmp_path, saved_checkpoints, content, message):
+    checkpoint = tmp_path / "checkpoint-2"
+    shutil.copytree(saved_checkpoints["dlt"], checkpoint)
+    state_file = checkpoint / TYING_STATE_NAME
+    if isinstance(content, bytes):
+        state_file.write_bytes(content)
+    else:
+        torch.save(content, state_file)
+    with pytest.raises(ValueError, match=f"^{state_file} {message}"):
+        make_trainer(tmp_path / "run", max_steps=4).train(resume_from_checkpoint=str(checkpoint))
 
 
 def test_tying_strategy_on_a_model_without_tied_blocks_is_rejected(tmp_path):

@@ -12,7 +12,8 @@ step, whatever the gradient accumulation), the trainer:
 
 `static:<spec>` applies its map at construction, `similarity:U` once after its warm-up, `none` runs the plain
 Trainer. Checkpoints carry the controller (`tying_state.pt`) next to a model whose config holds that step's
-map; resuming re-ties the model to the checkpoint's map before loading its weights.
+map; resuming re-ties the model to the checkpoint's map before loading its weights, and is refused when the
+checkpoint was saved under other tying settings (`TyingTrainingArguments.resume_settings`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ logger = logging.getLogger(__name__)
 TYING_STATE_NAME = "tying_state.pt"
 TYING_HISTORY_NAME = "tying_history.jsonl"
 TYING_PLOT_NAME = "tying_map.png"
+# What `TyingTrainer._tying_state` writes.
+TYING_STATE_KEYS = frozenset({"tying_strategy", "settings", "controller", "fixed_rows"})
 # Where the agent's wall time goes (`TyingTrainer.tying_seconds`).
 OVERHEAD_PARTS = ("reward", "decision", "retie", "optimizer_sync", "ddp_rebuild", "logging")
 
@@ -348,9 +351,11 @@ class TyingTrainer(Trainer):
         self._flush_history()
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        state = _read_tying_state(resume_from_checkpoint)
+        self._check_resumes_the_saved_settings(resume_from_checkpoint, state)
         if self.args.tying_mode != "none":
             self.model.retie(_checkpoint_map(resume_from_checkpoint, len(self.model.tied_blocks)))
-            self._load_tying_state(resume_from_checkpoint)
+            self._restore_tying_state(state)
         super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def _load_best_model(self) -> None:
@@ -358,14 +363,36 @@ class TyingTrainer(Trainer):
             self.model.retie(_checkpoint_map(self.state.best_model_checkpoint, len(self.model.tied_blocks)))
         super()._load_best_model()
 
-    def _load_tying_state(self, checkpoint: str) -> None:
-        path = os.path.join(checkpoint, TYING_STATE_NAME)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path} is missing: cannot resume the tying strategy from {checkpoint}")
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:  # torch raises several types for a truncated or foreign file
-            raise ValueError(f"{path} is not a readable tying state ({type(error).__name__}: {error})") from None
+    def _check_resumes_the_saved_settings(self, checkpoint: str, state: dict | None) -> None:
+        """Refuse a checkpoint saved under other tying settings (`TyingTrainingArguments.resume_settings`): the run
+        would continue the saved map and agent while its card reports this run's settings."""
+        wanted = self.args.resume_settings()
+        start_afresh = (
+            f"To continue that run, repeat its settings; to start a new one, train into a new output_dir, or delete "
+            f"the {PREFIX_CHECKPOINT_DIR}-* folders of {os.path.dirname(os.path.abspath(checkpoint))} (and pass no "
+            f"resume_from_checkpoint)"
+        )
+        if state is None:
+            if self.args.tying_mode != "none":
+                raise ValueError(
+                    f"cannot resume tying_strategy={self.args.tying_strategy!r} from {checkpoint}: it has no "
+                    f"{TYING_STATE_NAME}, so it was saved by a tying_strategy='none' run or its run stopped while "
+                    f"saving it. {start_afresh}, or resume from an earlier, complete checkpoint"
+                )
+            return
+        saved = state["settings"]
+        # Under another strategy the other settings are moot: name the strategy alone.
+        names = ["tying_strategy"] if saved.get("tying_strategy") != wanted["tying_strategy"] else list(wanted)
+        differing = [
+            f"{name}={saved.get(name)!r} there, {wanted[name]!r} here" for name in names if saved.get(name) != wanted[name]
+        ]
+        if differing:
+            raise ValueError(
+                f"cannot resume from {checkpoint}: it was saved under other tying settings than this run's "
+                f"({'; '.join(differing)}). {start_afresh}"
+            )
+
+    def _restore_tying_state(self, state: dict) -> None:
         if self.controller is not None:
             self.controller.load_state_dict(state["controller"])
         self._fixed_rows = list(state["fixed_rows"])
@@ -425,6 +452,20 @@ def _numbers(prefix: str, row: dict, skip: tuple[str, ...]) -> dict:
         for key, value in row.items()
         if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in skip
     }
+
+
+def _read_tying_state(checkpoint: str) -> dict | None:
+    """The checkpoint's `tying_state.pt` (None when it has none), or one error naming the file."""
+    path = os.path.join(checkpoint, TYING_STATE_NAME)
+    if not os.path.isfile(path):
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises several types for a truncated or foreign file
+        raise ValueError(f"{path} is not a readable tying state ({type(error).__name__}: {error})") from None
+    if not isinstance(state, dict) or not TYING_STATE_KEYS <= state.keys():
+        raise ValueError(f"{path} is not a tying state: expected a dict with the keys {sorted(TYING_STATE_KEYS)}")
+    return state
 
 
 def _checkpoint_map(checkpoint: str, num_blocks: int) -> TyingMap:
