@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 from conftest import make_tiny_gpt2_config
+from safetensors.torch import load_file
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
 
 from hf_layertie import TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
@@ -325,6 +326,51 @@ def test_an_unreadable_tying_state_is_named_on_resume(tmp_path, saved_checkpoint
         torch.save(content, state_file)
     with pytest.raises(ValueError, match=f"^{state_file} {message}"):
         make_trainer(tmp_path / "run", max_steps=4).train(resume_from_checkpoint=str(checkpoint))
+
+
+class NaNLossAtCall:
+    """Fault injection: the language-model head returns NaN logits in its `call`-th forward pass (from 1)."""
+
+    def __init__(self, call):
+        self.call, self.calls = call, 0
+
+    def __call__(self, module, args, output):
+        self.calls += 1
+        return output * float("nan") if self.calls == self.call else output
+
+
+@pytest.mark.parametrize("strategy", ["dlt", "none"])
+def test_a_non_finite_loss_stops_training_before_its_update_and_leaves_the_checkpoint(tmp_path, strategy):
+    model = tiny_model()
+    # Two micro-batches per step; the first of step 3 (forward 5) is NaN: the run must stop before step 3's update.
+    injection = NaNLossAtCall(call=5)
+    model.lm_head.register_forward_hook(injection)
+    trainer = make_trainer(
+        tmp_path, model=model, tying_strategy=strategy, tying_interval=4, max_steps=4, gradient_accumulation_steps=2,
+        save_strategy="steps", save_steps=2,
+    )  # fmt: skip
+    checkpoint = tmp_path / "checkpoint-2"
+    with pytest.raises(FloatingPointError) as error:
+        trainer.train()
+
+    assert str(error.value) == (
+        "the training loss is not finite (NaN or inf) in step 3: training stopped before that step's update, so the "
+        f"weights are those after step 2 and nothing was saved from them. To go on, resume from the last checkpoint, "
+        f"{checkpoint}, with a lower learning_rate (this run: 0.001) or a longer warm-up"
+    )
+    assert injection.calls == 6  # the flag is read on the step's last micro-batch
+    assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
+    saved, current = load_file(checkpoint / "model.safetensors"), trainer.model.state_dict()
+    assert all(torch.isfinite(tensor).all() and torch.equal(current[name], tensor) for name, tensor in saved.items())
+
+
+def test_a_non_finite_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path):
+    from test_distributed import REPO, launch
+
+    launch([str(REPO / "tests" / "scripts" / "ddp_nan_run.py"), str(tmp_path)], cwd=tmp_path)
+    for rank in (0, 1):
+        assert (tmp_path / f"stopped{rank}.txt").read_text().startswith("the training loss is not finite (NaN or inf) in step 3")
+    assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
 
 
 def test_tying_strategy_on_a_model_without_tied_blocks_is_rejected(tmp_path):

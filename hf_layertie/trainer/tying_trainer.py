@@ -13,7 +13,8 @@ step, whatever the gradient accumulation), the trainer:
 `static:<spec>` applies its map at construction, `similarity:U` once after its warm-up, `none` runs the plain
 Trainer. Checkpoints carry the controller (`tying_state.pt`) next to a model whose config holds that step's
 map; resuming re-ties the model to the checkpoint's map before loading its weights, and is refused when the
-checkpoint was saved under other tying settings (`TyingTrainingArguments.resume_settings`).
+checkpoint was saved under other tying settings (`TyingTrainingArguments.resume_settings`). A non-finite training
+loss stops training before its optimizer step.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 from accelerate.utils import broadcast_object_list
 from transformers import Trainer
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from ..block_similarity import block_angular_distances, similarity_tying_map
 from ..dlt import TyingController, make_agent
@@ -89,6 +90,7 @@ class TyingTrainer(Trainer):
         self._history_started = False
         self._reward_examples = None
         self._reward_batches = None
+        self._loss_not_finite: torch.Tensor | None = None  # over the micro-batches of the current optimizer step
         if args.tying_mode == "none":
             return
         self._check_model_can_tie()
@@ -159,7 +161,42 @@ class TyingTrainer(Trainer):
         loss = super().training_step(self.model_wrapped, inputs, num_items_in_batch)
         if self.controller is not None and self.args.reward_source == "train":
             self.controller.observe_loss(loss)
+        self._stop_before_a_non_finite_update(loss)
         return loss
+
+    def _stop_before_a_non_finite_update(self, loss: torch.Tensor) -> None:
+        """Raise before the optimizer step of a NaN or infinite loss, whose gradients would make the weights NaN:
+        the weights stay those of the last step, and no checkpoint or final model is written from them.
+
+        The flag builds up on the device over the micro-batches of one optimizer step and is read on the last one:
+        one device synchronisation per optimizer step (the Trainer's default `logging_nan_inf_filter` already reads
+        every micro-batch's loss). Processes agree on it first, so that all stop at the same step and none updates
+        or saves the weights with gradients another process made non-finite.
+        """
+        not_finite = ~torch.isfinite(loss.detach())
+        self._loss_not_finite = not_finite if self._loss_not_finite is None else self._loss_not_finite | not_finite
+        if not self.accelerator.sync_gradients:
+            return
+        stop, self._loss_not_finite = self._loss_not_finite, None
+        if self.args.world_size > 1:
+            stop = self.accelerator.reduce(stop.int(), "sum") > 0
+        if stop:
+            raise FloatingPointError(self._non_finite_loss_message())
+
+    def _non_finite_loss_message(self) -> str:
+        step = self.state.global_step + 1
+        output_dir = self.args.output_dir
+        last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+        remedy = f"a lower learning_rate (this run: {self.args.learning_rate}) or a longer warm-up"
+        way_on = (
+            f"To go on, resume from the last checkpoint, {last}, with {remedy}"
+            if last
+            else f"No checkpoint was saved yet: start again with {remedy}"
+        )
+        return (
+            f"the training loss is not finite (NaN or inf) in step {step}: training stopped before that step's update, "
+            f"so the weights are those after step {step - 1} and nothing was saved from them. {way_on}"
+        )
 
     def train(self, *args, **kwargs):
         """`Trainer.train`, then the reward of the last decision (the loss of the steps after it)."""
