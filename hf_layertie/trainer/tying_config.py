@@ -171,7 +171,8 @@ class TyingTrainingArguments(TrainingArguments):
         """
         names = ["tying_strategy"]
         if self.is_dynamic:
-            names += ["tying_initial_map", "tying_interval", *AGENT_ARGUMENTS.values(), "reward_source", "reward_block_cost"]
+            names += ["tying_initial_map", "tying_interval", *AGENT_ARGUMENTS.values()]
+            names += ["reward_source", "reward_block_cost"]
             if self.reward_source == "held_out":
                 names.append("reward_batch_size")
         elif self.tying_mode == "similarity":

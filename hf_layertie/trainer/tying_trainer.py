@@ -66,6 +66,11 @@ class TyingTrainer(Trainer):
             (`dataset_names`, `base_model`, ...) for the card written with the final model.
         **kwargs: everything `Trainer` accepts.
 
+    Raises:
+        ValueError: from `train(resume_from_checkpoint=...)`, when the checkpoint was saved under other tying settings
+            (`TyingTrainingArguments.resume_settings`) or its `tying_state.pt` cannot be read.
+        FloatingPointError: from `train`, when a training loss is NaN or infinite, before that step's update.
+
     Attributes:
         controller: the `TyingController` of `dlt` and `random` (None otherwise).
         tying_seconds: wall time of the tying work, by part (`OVERHEAD_PARTS`); `sum(...)` is the agent's overhead.
@@ -421,7 +426,9 @@ class TyingTrainer(Trainer):
         # Under another strategy the other settings are moot: name the strategy alone.
         names = ["tying_strategy"] if saved.get("tying_strategy") != wanted["tying_strategy"] else list(wanted)
         differing = [
-            f"{name}={saved.get(name)!r} there, {wanted[name]!r} here" for name in names if saved.get(name) != wanted[name]
+            f"{name}={saved.get(name)!r} there, {wanted[name]!r} here"
+            for name in names
+            if saved.get(name) != wanted[name]
         ]
         if differing:
             raise ValueError(
