@@ -2,8 +2,7 @@
 """LAMBADA for tied causal checkpoints: last-word accuracy and target-word perplexity (lm-eval-harness
 `lambada_openai` protocol), and fine-tuning with a fixed, documented hold-out.
 
-    python run_lambada.py --model_name_or_path outputs/tied-gpt2-shakespeare \\
-        --lambada_file ../shared/data/lambada/lambada_test.jsonl --do_eval --output_dir outputs/lambada-eval
+    python run_lambada.py --model_name_or_path outputs/tied-gpt2-shakespeare --do_eval --output_dir outputs/lambada-eval
     python run_lambada.py --model_name_or_path outputs/tied-gpt2-shakespeare \\
         --lambada_file lambada_test.jsonl --do_train --do_eval --max_steps 200 --output_dir outputs/lambada-ft
     python run_lambada.py --help

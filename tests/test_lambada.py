@@ -268,6 +268,16 @@ def test_malformed_line_error_names_file_line_and_problem(tmp_path, bad_line, pr
     assert problem in str(error.value)
 
 
+def test_binary_file_error_names_file_and_line(tmp_path):
+    path = tmp_path / "lambada_test.jsonl.gz"
+    path.write_bytes(f"{GOOD_LINE}\n".encode() + b"\x1f\x8b\x08\x00 compressed\n")
+    with pytest.raises(ValueError) as error:
+        read_lambada_jsonl(path)
+    assert str(error.value) == (
+        f"{path}, line 2: not UTF-8 text (byte 1 is b'\\x8b'); expected JSON lines, is the file binary or compressed?"
+    )
+
+
 def test_blank_lines_are_skipped(tmp_path):
     path = tmp_path / "spaced.jsonl"
     path.write_text(f"{GOOD_LINE}\n\n   \n{GOOD_LINE}\n")

@@ -172,6 +172,13 @@ def test_map_that_is_not_a_sequence_of_indices_is_rejected(entries):
         TyingMap(entries)
 
 
+@pytest.mark.parametrize("entries", [{0: 0, 1: 0, 2: 0, 3: 0}, {0, 1}, frozenset({0})])
+def test_a_dict_or_set_is_rejected_rather_than_read_by_its_keys_or_in_no_order(entries):
+    # list({0: 0, 1: 0, 2: 0, 3: 0}) is [0, 1, 2, 3]: without the check this dict would untie every block.
+    with pytest.raises(ValueError, match=r"tying_map must be a sequence with entry i for block i, got a (dict|set|frozenset)"):
+        TyingMap(entries)
+
+
 def test_empty_map_is_rejected():
     with pytest.raises(ValueError, match="tying_map must have one entry per block, got an empty sequence"):
         TyingMap([])

@@ -1,12 +1,14 @@
 """TyingTrainer: decisions inside training_step, optimizer in step with the model, resume, logging, errors."""
 
 import json
+import shutil
 
 import datasets
 import matplotlib.pyplot as plt
 import pytest
 import torch
 from conftest import make_tiny_gpt2_config
+from safetensors.torch import load_file
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
 
 from hf_layertie import TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
@@ -263,6 +265,114 @@ def test_resume_from_checkpoint_equals_the_uninterrupted_run(tmp_path):
         torch.testing.assert_close(final[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
     history = [json.loads(line) for line in (tmp_path / "resumed" / TYING_HISTORY_NAME).read_text().splitlines()]
     assert_records_close(history, uninterrupted.tying_records)
+
+
+@pytest.fixture(scope="module")
+def saved_checkpoints(tmp_path_factory):
+    """`{strategy: checkpoint-2 of a 2-step run}` for a DLT run and a conventional one."""
+    checkpoints = {}
+    for strategy in ("dlt", "none"):
+        output_dir = tmp_path_factory.mktemp(strategy)
+        make_trainer(output_dir, tying_strategy=strategy, max_steps=2, save_strategy="steps", save_steps=2).train()
+        checkpoints[strategy] = output_dir / "checkpoint-2"
+    return checkpoints
+
+
+START_AFRESH = r"To continue that run, repeat its settings; to start a new one, train into a new output_dir, or delete"
+
+
+@pytest.mark.parametrize(
+    "saved, overrides, message",
+    [
+        ("dlt", dict(tying_strategy="static:all"), r"\(tying_strategy='dlt' there, 'static:all' here\)"),
+        ("dlt", dict(tying_strategy="random", epsilon_start=0.5), r"\(tying_strategy='dlt' there, 'random' here\)"),
+        ("dlt", dict(tying_strategy="none"), r"\(tying_strategy='dlt' there, 'none' here\)"),
+        ("dlt", dict(epsilon_start=0.5, tying_interval=3), r"\(tying_interval=2 there, 3 here; epsilon_start=None there, 0.5 here\)"),
+        ("dlt", dict(max_distinct_blocks=3), r"\(max_distinct_blocks=None there, 3 here\)"),
+        ("dlt", dict(reward_block_cost=0.1), r"\(reward_block_cost=0.0 there, 0.1 here\)"),
+        ("none", dict(tying_strategy="dlt"), r"cannot resume tying_strategy='dlt' from .*checkpoint-2: it has no tying_state.pt"),
+    ],
+)
+def test_resuming_under_other_tying_settings_is_refused_naming_both_values(tmp_path, saved_checkpoints, saved, overrides, message):
+    trainer = make_trainer(tmp_path, max_steps=4, **overrides)
+    with pytest.raises(ValueError, match=message) as error:
+        trainer.train(resume_from_checkpoint=str(saved_checkpoints[saved]))
+    assert START_AFRESH in str(error.value) and str(saved_checkpoints[saved].parent) in str(error.value)
+    assert trainer.state.global_step == 0
+
+
+def test_settings_the_strategy_does_not_read_may_differ_on_resume(tmp_path, saved_checkpoints):
+    trainer = make_trainer(tmp_path, max_steps=4, tying_plot=False, similarity_warmup_steps=5, reward_batch_size=3)
+    assert trainer.train(resume_from_checkpoint=str(saved_checkpoints["dlt"])).global_step == 4
+    plain = make_trainer(tmp_path / "none", tying_strategy="none", max_steps=4, tying_interval=7)
+    assert plain.train(resume_from_checkpoint=str(saved_checkpoints["none"])).global_step == 4
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "is not a readable tying state"),
+        (b"garbage, not a torch file", "is not a readable tying state"),
+        ({"controller": None}, r"is not a tying state: expected a dict with the keys \['controller', 'fixed_rows'"),
+    ],
+)
+def test_an_unreadable_tying_state_is_named_on_resume(tmp_path, saved_checkpoints, content, message):
+    checkpoint = tmp_path / "checkpoint-2"
+    shutil.copytree(saved_checkpoints["dlt"], checkpoint)
+    state_file = checkpoint / TYING_STATE_NAME
+    if isinstance(content, bytes):
+        state_file.write_bytes(content)
+    else:
+        torch.save(content, state_file)
+    with pytest.raises(ValueError, match=f"^{state_file} {message}"):
+        make_trainer(tmp_path / "run", max_steps=4).train(resume_from_checkpoint=str(checkpoint))
+
+
+class NaNLossAtCall:
+    """Fault injection: the language-model head returns NaN logits in its `call`-th forward pass (from 1)."""
+
+    def __init__(self, call):
+        self.call, self.calls = call, 0
+
+    def __call__(self, module, args, output):
+        self.calls += 1
+        return output * float("nan") if self.calls == self.call else output
+
+
+@pytest.mark.parametrize("strategy", ["dlt", "none"])
+def test_a_non_finite_loss_stops_training_before_its_update_and_leaves_the_checkpoint(tmp_path, strategy):
+    model = tiny_model()
+    # Two micro-batches per step; the first of step 3 (forward 5) is NaN: the run must stop before step 3's update.
+    injection = NaNLossAtCall(call=5)
+    model.lm_head.register_forward_hook(injection)
+    trainer = make_trainer(
+        tmp_path, model=model, tying_strategy=strategy, tying_interval=4, max_steps=4, gradient_accumulation_steps=2,
+        save_strategy="steps", save_steps=2,
+    )  # fmt: skip
+    checkpoint = tmp_path / "checkpoint-2"
+    with pytest.raises(FloatingPointError) as error:
+        trainer.train()
+
+    assert str(error.value) == (
+        "the training loss is not finite (NaN or inf) in step 3: training stopped before that step's update, so the "
+        f"weights are those after step 2 and nothing was saved from them. To go on, resume from the last checkpoint, "
+        f"{checkpoint}, with a lower learning_rate (this run: 0.001) or a longer warm-up"
+    )
+    assert injection.calls == 6  # the flag is read on the step's last micro-batch
+    assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
+    saved, current = load_file(checkpoint / "model.safetensors"), trainer.model.state_dict()
+    assert all(torch.isfinite(tensor).all() and torch.equal(current[name], tensor) for name, tensor in saved.items())
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path):
+    from test_distributed import REPO, launch
+
+    launch([str(REPO / "tests" / "scripts" / "ddp_nan_run.py"), str(tmp_path)], cwd=tmp_path)
+    for rank in (0, 1):
+        stopped_with = (tmp_path / f"stopped{rank}.txt").read_text()
+        assert stopped_with.startswith("the training loss is not finite (NaN or inf) in step 3")
+    assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
 
 
 def test_tying_strategy_on_a_model_without_tied_blocks_is_rejected(tmp_path):

@@ -26,13 +26,14 @@ def split_context_target(text: str) -> tuple[str, str]:
 def read_lambada_jsonl(path: str | os.PathLike) -> list[str]:
     """Read passages from a JSON-lines file in OpenAI's format: one `{"text": ...}` per line.
 
-    Blank lines are skipped. Every other line must hold a passage with context and a last word;
-    the first bad line raises a ValueError naming the file and the line number.
+    Blank lines are skipped. Every other line must be UTF-8 text holding a passage with context and a
+    last word; the first bad line raises a ValueError naming the file and the line number. Lines are
+    decoded one by one so that a binary or compressed file is reported at its first bad line too.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"LAMBADA file not found: {path}")
-    with path.open(encoding="utf-8") as lines:
+    with path.open("rb") as lines:
         passages = [
             _parse_line(line, f"{path}, line {number}")
             for number, line in enumerate(lines, start=1)
@@ -43,7 +44,18 @@ def read_lambada_jsonl(path: str | os.PathLike) -> list[str]:
     return passages
 
 
-def _parse_line(line: str, where: str) -> str:
+def _decode(line: bytes, where: str) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{where}: not UTF-8 text (byte {error.start} is {line[error.start:error.start + 1]!r}); expected JSON "
+            f"lines, is the file binary or compressed?"
+        ) from None
+
+
+def _parse_line(raw: bytes, where: str) -> str:
+    line = _decode(raw, where)
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -64,11 +65,35 @@ class ParameterCounts:
     rest: int
 
 
+def _is_adapter_layer(module: nn.Module) -> bool:
+    """Whether `module` is a PEFT tuner layer (LoRA, IA3, ...): it wraps a `base_layer` and adds adapter layers.
+
+    Recognised by PEFT's `BaseTunerLayer` attributes rather than by class, so that this file needs no `peft`.
+    """
+    return hasattr(module, "adapter_layer_names") and hasattr(module, "base_layer")
+
+
+def _weight_modules(module: nn.Module, prefix: str = ""):
+    """`(name, module)` for `module` and every submodule holding the block's own weights.
+
+    A PEFT tuner layer stands for its base layer, under its own name (as if unwrapped, so that blocks with and
+    without adapters name their weights alike); its adapters belong to their position: a re-tie shares, copies
+    or moves the base weights and leaves every position's adapters where they are.
+    """
+    if _is_adapter_layer(module):
+        yield from _weight_modules(module.base_layer, prefix)
+        return
+    yield prefix, module
+    for name, child in module._modules.items():
+        if child is not None:
+            yield from _weight_modules(child, f"{prefix}.{name}" if prefix else name)
+
+
 def _block_parameters(block: nn.Module) -> dict[str, nn.Parameter]:
-    """The Parameters `block` computes with, by name within the block."""
+    """The Parameters `block` computes with, by name within the block (PEFT adapters left out)."""
     return {
         f"{module_name}.{name}" if module_name else name: parameter
-        for module_name, module in block.named_modules()
+        for module_name, module in _weight_modules(block)
         for name, parameter in module._parameters.items()
         if parameter is not None
     }
@@ -76,7 +101,7 @@ def _block_parameters(block: nn.Module) -> dict[str, nn.Parameter]:
 
 def _use_parameters(block: nn.Module, parameters: dict[str, nn.Parameter]) -> None:
     """Make `block` compute with `parameters` (the very objects; names as `_block_parameters` gives them)."""
-    for module_name, module in block.named_modules():
+    for module_name, module in _weight_modules(block):
         for name in [name for name, parameter in module._parameters.items() if parameter is not None]:
             key = f"{module_name}.{name}" if module_name else name
             if key not in parameters:
@@ -107,6 +132,9 @@ class TiedBlocksMixin:
 
     The map in `config.tying_map` is the single source of truth: it is applied whenever transformers ties
     weights (at construction and at the end of `from_pretrained`), and only `retie` changes it afterwards.
+
+    PEFT adapters (LoRA, ...) on tied blocks belong to their position: each position trains its own adapter on the
+    shared weights, and `retie` moves the weights under them. Merging them needs `untie_adapted_blocks()` first.
     """
 
     tied_blocks_path: str
@@ -121,6 +149,11 @@ class TiedBlocksMixin:
         # A copied or unpickled model drives its (copied, unbound) config again.
         super().__setstate__(state)
         self.config._bind(self)
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name == "peft_config":  # PEFT (and transformers' `add_adapter`) set it once the adapters are in place
+            self._warn_if_adapters_share_weights()
 
     @property
     def tied_blocks(self) -> nn.ModuleList:
@@ -187,6 +220,57 @@ class TiedBlocksMixin:
             for member in members:
                 _use_parameters(self.tied_blocks[member], parameters)
         return copied_from, set(keeper)
+
+    def untie_adapted_blocks(self) -> RetieReport:
+        """Give every block that carries PEFT adapters weights of its own, so that merging the adapters is correct.
+
+        A PEFT merge (`merge_and_unload`, `merge_adapter`) adds each adapted layer's update into the weight of its
+        base layer. Tied blocks share that weight: the merge would add the update of every position into it, and
+        change the group's blocks without adapters too. Untie them first; PEFT forwards the call to this model:
+
+        ```python
+        peft_model.untie_adapted_blocks()
+        merged = peft_model.merge_and_unload()  # this model, each adapted block owning its merged weights
+        ```
+
+        Blocks without adapters keep sharing weights with each other. The untied blocks start from copies of the
+        weights they used (as in `retie`), which costs their memory: the merged model needs it anyway.
+        """
+        adapted = self._adapted_blocks()
+        merged = sorted(block for block, layers in adapted.items() if any(layer.merged for layer in layers))
+        if merged:
+            raise ValueError(
+                f"the adapters of blocks {merged} are merged already: call unmerge_adapter() before "
+                f"untie_adapted_blocks(), then merge"
+            )
+        first_without_adapters: dict[int, int] = {}
+        return self.retie(
+            [
+                block if block in adapted else first_without_adapters.setdefault(root, block)
+                for block, root in enumerate(self.tying_map)
+            ]
+        )
+
+    def _adapted_blocks(self) -> dict[int, list[nn.Module]]:
+        """`{block: its PEFT tuner layers}` for every block that has some."""
+        layers = {
+            block: [module for module in self.tied_blocks[block].modules() if _is_adapter_layer(module)]
+            for block in range(len(self.tied_blocks))
+        }
+        return {block: found for block, found in layers.items() if found}
+
+    def _warn_if_adapters_share_weights(self) -> None:
+        adapted = self._adapted_blocks()
+        tying_map = self.tying_map
+        sharing = [block for block in adapted if len(tying_map.groups()[tying_map[block]]) > 1]
+        if sharing:
+            warnings.warn(
+                f"PEFT adapters were added to blocks {sharing}, which share their weights with other blocks "
+                f"(tying map {tying_map.render()}). Training and inference are correct, but a merge "
+                f"(merge_and_unload, merge_adapter) would add every position's update into the shared weights: "
+                f"call untie_adapted_blocks() before merging.",
+                stacklevel=3,
+            )
 
     def tie_weights(self, missing_keys: set[str] | None = None, recompute_mapping: bool = True):
         # transformers ties every block pair declared in `all_tied_weights_keys` (and leaves them apart while
@@ -283,6 +367,11 @@ class TiedBlocksMixin:
         Its `save_pretrained` writes a checkpoint that stock transformers, and tools built on it (vLLM,
         llama.cpp's converter), load without hf-layertie or remote code, with the same logits.
         """
+        if self._adapted_blocks():
+            raise ValueError(
+                "to_untied() needs a model without PEFT adapters: merge them first (untie_adapted_blocks(), then "
+                "merge_and_unload() on the PEFT model), or remove them with unload()"
+            )
         plain_class = self.untied_class()
         config_dict = {
             key: value for key, value in self.config.to_dict().items() if key not in TYING_FIELDS + _TIED_CLASS_KEYS

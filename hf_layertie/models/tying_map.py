@@ -12,7 +12,7 @@ they load with `trust_remote_code=True` in environments without `hf_layertie`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from numbers import Integral
 
@@ -20,6 +20,12 @@ from numbers import Integral
 def _validate_entries(entries: Sequence, num_blocks: int | None) -> list[int]:
     if isinstance(entries, (str, bytes)) or not isinstance(entries, Iterable):
         raise ValueError(f"tying_map must be a sequence of block indices, got {type(entries).__name__}: {entries!r}")
+    if isinstance(entries, (Mapping, Set)):
+        # Iterating a dict gives its keys, a set has no order: either would silently build another map.
+        raise ValueError(
+            f"tying_map must be a sequence with entry i for block i, got a {type(entries).__name__}: {entries!r}; "
+            f"for a dict {{block: source}} pass [mapping[block] for block in range(num_blocks)]"
+        )
     entries = list(entries)
     if not entries:
         raise ValueError("tying_map must have one entry per block, got an empty sequence")

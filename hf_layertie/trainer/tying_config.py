@@ -81,6 +81,9 @@ class TyingTrainingArguments(TrainingArguments):
         model as loaded, e.g. a converted pretrained checkpoint; a model trained from scratch needs a warm-up).
     tying_plot (`bool`, defaults to `True`):
         Write `tying_map.png` (blocks x steps, one colour per source block) next to saved models.
+
+    A run resumed from a checkpoint must repeat the settings of the run that saved it (`resume_settings()`);
+    `TyingTrainer` refuses it otherwise, naming each setting that differs.
     """
 
     tying_strategy: str = field(
@@ -158,6 +161,23 @@ class TyingTrainingArguments(TrainingArguments):
     @property
     def similarity_distinct_blocks(self) -> int:
         return int(self.strategy_argument)
+
+    def resume_settings(self) -> dict[str, object]:
+        """The settings a run resumed from a checkpoint must share with the run that saved it, by name.
+
+        They decide what the strategy does from the checkpoint on, and the model card reports them: a resumed run
+        continues the saved map and agent, so another strategy, schedule, cap, agent or reward would silently not
+        be the one that ran. Settings this strategy never reads, and `tying_plot`, may differ.
+        """
+        names = ["tying_strategy"]
+        if self.is_dynamic:
+            names += ["tying_initial_map", "tying_interval", *AGENT_ARGUMENTS.values()]
+            names += ["reward_source", "reward_block_cost"]
+            if self.reward_source == "held_out":
+                names.append("reward_batch_size")
+        elif self.tying_mode == "similarity":
+            names.append("similarity_warmup_steps")
+        return {name: getattr(self, name) for name in names}
 
     def agent_config(self) -> AgentConfig:
         """The agent's settings (validated when these arguments were built)."""

@@ -12,7 +12,9 @@ step, whatever the gradient accumulation), the trainer:
 
 `static:<spec>` applies its map at construction, `similarity:U` once after its warm-up, `none` runs the plain
 Trainer. Checkpoints carry the controller (`tying_state.pt`) next to a model whose config holds that step's
-map; resuming re-ties the model to the checkpoint's map before loading its weights.
+map; resuming re-ties the model to the checkpoint's map before loading its weights, and is refused when the
+checkpoint was saved under other tying settings (`TyingTrainingArguments.resume_settings`). A non-finite training
+loss stops training before its optimizer step.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..model_card import write_model_card
 from ..models.tied_blocks import RetieReport, TiedBlocksMixin
 from ..models.tying_map import TyingMap
 from ..models.tying_strategies import resolve_tying_map
+from ..toolkit.checkpoints import last_complete_checkpoint
 from .optimizer_sync import rebuild_data_parallel, sync_optimizer_with_model
 from .tying_config import TyingTrainingArguments
 from .tying_plot import plot_tying_history
@@ -45,6 +48,8 @@ logger = logging.getLogger(__name__)
 TYING_STATE_NAME = "tying_state.pt"
 TYING_HISTORY_NAME = "tying_history.jsonl"
 TYING_PLOT_NAME = "tying_map.png"
+# What `TyingTrainer._tying_state` writes.
+TYING_STATE_KEYS = frozenset({"tying_strategy", "settings", "controller", "fixed_rows"})
 # Where the agent's wall time goes (`TyingTrainer.tying_seconds`).
 OVERHEAD_PARTS = ("reward", "decision", "retie", "optimizer_sync", "ddp_rebuild", "logging")
 
@@ -61,6 +66,11 @@ class TyingTrainer(Trainer):
         model_card_kwargs: extra keyword arguments of `hf_layertie.model_card.build_model_card`
             (`dataset_names`, `base_model`, ...) for the card written with the final model.
         **kwargs: everything `Trainer` accepts.
+
+    Raises:
+        ValueError: from `train(resume_from_checkpoint=...)`, when the checkpoint was saved under other tying settings
+            (`TyingTrainingArguments.resume_settings`) or its `tying_state.pt` cannot be read.
+        FloatingPointError: from `train`, when a training loss is NaN or infinite, before that step's update.
 
     Attributes:
         controller: the `TyingController` of `dlt` and `random` (None otherwise).
@@ -86,6 +96,7 @@ class TyingTrainer(Trainer):
         self._history_started = False
         self._reward_examples = None
         self._reward_batches = None
+        self._loss_not_finite: torch.Tensor | None = None  # over the micro-batches of the current optimizer step
         if args.tying_mode == "none":
             return
         self._check_model_can_tie()
@@ -156,15 +167,54 @@ class TyingTrainer(Trainer):
         loss = super().training_step(self.model_wrapped, inputs, num_items_in_batch)
         if self.controller is not None and self.args.reward_source == "train":
             self.controller.observe_loss(loss)
+        self._stop_before_a_non_finite_update(loss)
         return loss
+
+    def _stop_before_a_non_finite_update(self, loss: torch.Tensor) -> None:
+        """Raise before the optimizer step of a NaN or infinite loss, whose gradients would make the weights NaN:
+        the weights stay those of the last step, and no checkpoint or final model is written from them.
+
+        The flag builds up on the device over the micro-batches of one optimizer step and is read on the last one:
+        one device synchronisation per optimizer step (the Trainer's default `logging_nan_inf_filter` already reads
+        every micro-batch's loss). Processes agree on it first, so that all stop at the same step and none updates
+        or saves the weights with gradients another process made non-finite.
+        """
+        not_finite = ~torch.isfinite(loss.detach())
+        self._loss_not_finite = not_finite if self._loss_not_finite is None else self._loss_not_finite | not_finite
+        if not self.accelerator.sync_gradients:
+            return
+        stop, self._loss_not_finite = self._loss_not_finite, None
+        if self.args.world_size > 1:
+            stop = self.accelerator.reduce(stop.int(), "sum") > 0
+        if stop:
+            raise FloatingPointError(self._non_finite_loss_message())
+
+    def _non_finite_loss_message(self) -> str:
+        step = self.state.global_step + 1
+        output_dir = self.args.output_dir
+        # The checkpoint a re-run resumes from: get_last_checkpoint would name an incomplete one.
+        last = last_complete_checkpoint(output_dir, needs_tying_state=self.args.tying_mode != "none")
+        remedy = f"a lower learning_rate (this run: {self.args.learning_rate}) or a longer warm-up"
+        way_on = (
+            f"To go on, resume from the last checkpoint, {last}, with {remedy}"
+            if last
+            else f"No checkpoint was saved yet: start again with {remedy}"
+        )
+        return (
+            f"the training loss is not finite (NaN or inf) in step {step}: training stopped before that step's update, "
+            f"so the weights are those after step {step - 1} and nothing was saved from them. {way_on}"
+        )
 
     def train(self, *args, **kwargs):
         """`Trainer.train`, then the reward of the last decision (the loss of the steps after it)."""
         result = super().train(*args, **kwargs)
-        if self.controller is not None and self.controller.pending is not None:
+        if self.controller is not None and self.controller.pending_row is not None:
             with self._timed("reward"):
                 window_loss = self._window_loss()
             completed = self.controller.finish(window_loss) if self.is_world_process_zero() else None
+            if self.args.world_size > 1:
+                completed = broadcast_object_list([completed], from_process=0)[0]
+                self._follow_rank_zero(completed, None)
             self._log_decision(completed, None)
         self._flush_history()
         return result
@@ -200,9 +250,20 @@ class TyingTrainer(Trainer):
                 message = broadcast_object_list(message, from_process=0)
         pending, completed = message
         self._retie(TyingMap(pending["map"]))
-        if self.is_world_process_zero():
-            pending.update(self._map_fields())
+        pending.update(self._map_fields())
+        self._follow_rank_zero(completed, pending)
         self._log_decision(completed, pending)
+
+    def _follow_rank_zero(self, completed: dict | None, pending: dict | None) -> None:
+        """On the other ranks, keep the controller's rows in step with rank 0's, where the agent decides: every
+        rank then sees the same pending decision, so all join the loss reduction of `_window_loss` (a rank that
+        skipped it would leave the others waiting for ever) and decide at the same steps, and `tying_records` is
+        the same on every rank."""
+        if self.is_world_process_zero():
+            return
+        if completed is not None:
+            self.controller.rows.append(completed)
+        self.controller.pending_row = pending
 
     def _tie_by_similarity(self, inputs) -> None:
         with self._timed("decision"):
@@ -227,8 +288,8 @@ class TyingTrainer(Trainer):
         pending = self.controller.pending_row
         if pending is None:
             return None
-        if self.args.reward_source == "held_out":
-            return self._held_out_loss()
+        if self.args.reward_source == "held_out":  # only rank 0's agent reads it
+            return self._held_out_loss() if self.is_world_process_zero() else None
         window_sum = self.controller.take_window_sum()
         if self.args.world_size > 1:
             window_sum = float(self.accelerator.reduce(torch.tensor(window_sum, device=self.args.device), "mean"))
@@ -348,9 +409,11 @@ class TyingTrainer(Trainer):
         self._flush_history()
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        state = _read_tying_state(resume_from_checkpoint)
+        self._check_resumes_the_saved_settings(resume_from_checkpoint, state)
         if self.args.tying_mode != "none":
             self.model.retie(_checkpoint_map(resume_from_checkpoint, len(self.model.tied_blocks)))
-            self._load_tying_state(resume_from_checkpoint)
+            self._restore_tying_state(state)
         super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def _load_best_model(self) -> None:
@@ -358,14 +421,38 @@ class TyingTrainer(Trainer):
             self.model.retie(_checkpoint_map(self.state.best_model_checkpoint, len(self.model.tied_blocks)))
         super()._load_best_model()
 
-    def _load_tying_state(self, checkpoint: str) -> None:
-        path = os.path.join(checkpoint, TYING_STATE_NAME)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path} is missing: cannot resume the tying strategy from {checkpoint}")
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:  # torch raises several types for a truncated or foreign file
-            raise ValueError(f"{path} is not a readable tying state ({type(error).__name__}: {error})") from None
+    def _check_resumes_the_saved_settings(self, checkpoint: str, state: dict | None) -> None:
+        """Refuse a checkpoint saved under other tying settings (`TyingTrainingArguments.resume_settings`): the run
+        would continue the saved map and agent while its card reports this run's settings."""
+        wanted = self.args.resume_settings()
+        start_afresh = (
+            f"To continue that run, repeat its settings; to start a new one, train into a new output_dir, or delete "
+            f"the {PREFIX_CHECKPOINT_DIR}-* folders of {os.path.dirname(os.path.abspath(checkpoint))} (and pass no "
+            f"resume_from_checkpoint)"
+        )
+        if state is None:
+            if self.args.tying_mode != "none":
+                raise ValueError(
+                    f"cannot resume tying_strategy={self.args.tying_strategy!r} from {checkpoint}: it has no "
+                    f"{TYING_STATE_NAME}, so it was saved by a tying_strategy='none' run or its run stopped while "
+                    f"saving it. {start_afresh}, or resume from an earlier, complete checkpoint"
+                )
+            return
+        saved = state["settings"]
+        # Under another strategy the other settings are moot: name the strategy alone.
+        names = ["tying_strategy"] if saved.get("tying_strategy") != wanted["tying_strategy"] else list(wanted)
+        differing = [
+            f"{name}={saved.get(name)!r} there, {wanted[name]!r} here"
+            for name in names
+            if saved.get(name) != wanted[name]
+        ]
+        if differing:
+            raise ValueError(
+                f"cannot resume from {checkpoint}: it was saved under other tying settings than this run's "
+                f"({'; '.join(differing)}). {start_afresh}"
+            )
+
+    def _restore_tying_state(self, state: dict) -> None:
         if self.controller is not None:
             self.controller.load_state_dict(state["controller"])
         self._fixed_rows = list(state["fixed_rows"])
@@ -425,6 +512,20 @@ def _numbers(prefix: str, row: dict, skip: tuple[str, ...]) -> dict:
         for key, value in row.items()
         if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in skip
     }
+
+
+def _read_tying_state(checkpoint: str) -> dict | None:
+    """The checkpoint's `tying_state.pt` (None when it has none), or one error naming the file."""
+    path = os.path.join(checkpoint, TYING_STATE_NAME)
+    if not os.path.isfile(path):
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises several types for a truncated or foreign file
+        raise ValueError(f"{path} is not a readable tying state ({type(error).__name__}: {error})") from None
+    if not isinstance(state, dict) or not TYING_STATE_KEYS <= state.keys():
+        raise ValueError(f"{path} is not a tying state: expected a dict with the keys {sorted(TYING_STATE_KEYS)}")
+    return state
 
 
 def _checkpoint_map(checkpoint: str, num_blocks: int) -> TyingMap:
