@@ -159,6 +159,10 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, row in rows.items():
+        twin = _same_runs_as(label, payload["runs"])
+        if twin is not None:  # e.g. DLT's mean budget rounds to its final one in every seed
+            lines.append(f"| {label} | {len(row['seeds'])} | the same runs as {twin} |" + " |" * 8)
+            continue
         versus = row["versus"]
         lines.append(
             f"| {label} | {len(row['seeds'])} | {row['test_loss']:.3f} ± {row['test_loss_half_width']:.3f} | {row['test_perplexity']:.1f} "
@@ -174,6 +178,16 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
     lines += _overhead_lines(payload["runs"].get("dlt", {}))
     lines += _memory_lines(payload["memory"])
     return "\n".join(lines) + "\n"
+
+
+def _same_runs_as(label: str, runs: dict[str, dict[int, dict]]) -> str | None:
+    """An earlier label whose runs are this label's, seed for seed (one run serving two labels)."""
+    for other in runs:
+        if other == label:
+            return None
+        if runs[other] and runs[other] == runs[label]:
+            return other
+    return None
 
 
 def _overhead_lines(dlt_runs: dict[int, dict]) -> list[str]:

@@ -86,8 +86,9 @@ class Scheduler:
         self.queue: list[tuple[float, RunSpec]] = []
         for seed_index, seed in enumerate(settings.seeds):
             self.queue += [(seed_index, spec) for spec in independent_runs(settings, seed)]
-        if with_memory:
+        if with_memory:  # after the first seed: the memory figures do not wait for the whole study
             self.queue += [(0.5, spec) for spec in memory_runs(settings)]
+        self.queue.sort(key=lambda item: item[0])  # stable: the plan's order within a seed
         self.running: dict[str, tuple[subprocess.Popen, RunSpec, float]] = {}
         self.seen: set[str] = set()
         self.failures: list[str] = []

@@ -17,8 +17,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as output_dir:
-        run(CAUSAL_LM, ["--output_dir", output_dir, "--report_to", "none"])
+    with tempfile.TemporaryDirectory() as folder:
+        output_dir = Path(folder) / "tied-gpt2-shakespeare"  # the default run's folder name: the card's title
+        run(CAUSAL_LM, ["--output_dir", str(output_dir), "--report_to", "none"])
         shutil.copyfile(Path(output_dir) / "README.md", HERE / "example_tied_gpt2.md")
         shutil.copyfile(Path(output_dir) / "tying_map.png", HERE / "tying_map.png")
 

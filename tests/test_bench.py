@@ -48,7 +48,7 @@ def test_every_strategy_has_every_seed_and_a_row(tiny_bench):
         assert sorted(map(int, results["runs"][label])) == list(TINY.seeds), label
         assert results["rows"][label]["seeds"] == list(TINY.seeds)
     table = (folder / "results.md").read_text()
-    assert all(table.count(f"| {label} | {len(TINY.seeds)} |") == 1 for label in labels)
+    assert all(table.count(f"\n| {label} | {len(TINY.seeds)} |") == 1 for label in labels)
     assert len(list(folder.glob("study/*/seed*/log.txt"))) >= 9 * len(TINY.seeds)  # each run its own process
 
 

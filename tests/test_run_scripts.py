@@ -112,6 +112,16 @@ def test_a_crashed_run_resumes_from_its_last_complete_checkpoint(tmp_path, text_
     assert (tmp_path / "model.safetensors").read_bytes() == uninterrupted_weights
 
 
+def test_a_tying_run_refuses_to_continue_the_checkpoints_of_a_conventional_run(tmp_path, text_files):
+    conventional = tiny_flags(tmp_path, text_files, TINY_GPT2, "--save_steps", "2", "--do_eval", "false")
+    run(CAUSAL_LM, [*conventional, "--tying_strategy", "none", "--max_steps", "4"])
+    (tmp_path / "trainer_state.json").unlink()  # as if it had crashed after its step-4 checkpoint
+    kept = {path: path.read_bytes() for path in tmp_path.glob("checkpoint-*/*") if path.is_file()}
+    with pytest.raises(ValueError, match="tying_strategy='none' there, 'dlt' here"):
+        run(CAUSAL_LM, conventional)
+    assert {path: path.read_bytes() for path in tmp_path.glob("checkpoint-*/*") if path.is_file()} == kept
+
+
 def test_a_finished_run_run_again_says_so_and_changes_nothing(tmp_path, text_files, caplog):
     flags = tiny_flags(tmp_path, text_files, TINY_GPT2)
     first = run(CAUSAL_LM, flags)

@@ -125,9 +125,7 @@ def _fine_tune(model, tokenizer, passages, lambada_args, training_args, card) ->
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
         model_card_kwargs=card,
     )
-    resume = checkpoint_to_resume(
-        training_args.output_dir, training_args.resume_from_checkpoint, needs_tying_state=training_args.tying_mode != "none"
-    )
+    resume = checkpoint_to_resume(training_args.output_dir, training_args.resume_from_checkpoint)
     result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()
     trainer.log_metrics("train", result.metrics)

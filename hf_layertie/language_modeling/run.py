@@ -145,9 +145,7 @@ def run(task: LanguageModelingTask, argv: list[str] | None = None) -> dict[str, 
 
     metrics: dict[str, float] = {}
     if training_args.do_train:
-        resume = checkpoint_to_resume(
-            training_args.output_dir, training_args.resume_from_checkpoint, needs_tying_state=training_args.tying_mode != "none"
-        )
+        resume = checkpoint_to_resume(training_args.output_dir, training_args.resume_from_checkpoint)
         train_result = trainer.train(resume_from_checkpoint=resume)
         trainer.save_model()
         metrics.update(train_result.metrics, train_samples=len(train_dataset))

@@ -178,7 +178,7 @@ class TiedBlocksMixin:
         new_map = TyingMap(new_map, num_blocks=len(self.tied_blocks))
         owned = {root: _block_parameters(self.tied_blocks[root]) for root in old_map.independent_blocks}
         sources = {root: [old_map[root]] for root in new_map.independent_blocks}
-        copied_from, kept = self._regroup(new_map, owned, sources)
+        copied_from, kept = self._regroup(new_map, owned, sources, old_map=old_map)
         self.config._set_tying_map_of_model(new_map)
         self._declare_block_ties()
         return RetieReport(
@@ -190,14 +190,19 @@ class TiedBlocksMixin:
         )
 
     def _regroup(
-        self, new_map: TyingMap, owned: dict[int, dict[str, nn.Parameter]], sources: dict[int, list[int]]
+        self,
+        new_map: TyingMap,
+        owned: dict[int, dict[str, nn.Parameter]],
+        sources: dict[int, list[int]],
+        old_map: TyingMap | None = None,
     ) -> tuple[dict[nn.Parameter, nn.Parameter], set[int]]:
         """Give every group of `new_map` the weights it starts from; return `({fresh copy: source}, kept)`.
 
         `owned[s]` are the Parameters block `s` held before; group `r` starts from `owned[s]` for `s` in
         `sources[r]` (their mean when several differ). `owned[s]`'s objects go to the first group (smallest root)
         that starts from `s` alone, and `kept` lists those `s`; other groups get copies. A group without sources
-        keeps its root's Parameters.
+        keeps its root's Parameters. With `old_map` (the map the blocks compute with now), blocks that already
+        hold the objects they get are left alone: one decision re-points one block or one group, not all of them.
         """
         keeper = {}
         for root in new_map.independent_blocks:
@@ -214,6 +219,8 @@ class TiedBlocksMixin:
                 }
             elif keeper[chosen[0]] == root:
                 parameters = owned[chosen[0]]
+                if old_map is not None:
+                    members = [member for member in members if old_map[member] != chosen[0]]
             else:
                 parameters = {name: _fresh_copy(parameter) for name, parameter in owned[chosen[0]].items()}
                 copied_from.update(zip(parameters.values(), owned[chosen[0]].values()))
@@ -341,12 +348,14 @@ class TiedBlocksMixin:
 
     def _tied_block_parameter_names(self) -> dict[str, str]:
         path, blocks = self.tied_blocks_path, self.tied_blocks
-        names = {}
-        for block, root in enumerate(self.tying_map):
-            if root != block:
-                for name in _block_parameters(blocks[root]):
-                    names[f"{path}.{block}.{name}"] = f"{path}.{root}.{name}"
-        return names
+        tying_map = self.tying_map
+        root_names = {root: list(_block_parameters(blocks[root])) for root in set(tying_map)}
+        return {
+            f"{path}.{block}.{name}": f"{path}.{root}.{name}"
+            for block, root in enumerate(tying_map)
+            if root != block
+            for name in root_names[root]
+        }
 
     def _adjust_bias(self, output_embeddings, input_embeddings):
         # transformers resizes the bias of every tied target as if it were an output embedding; on

@@ -24,40 +24,45 @@ WEIGHTS_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_m
 _CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
 
-def missing_checkpoint_files(checkpoint: str | Path, needs_tying_state: bool) -> list[str]:
-    """The files a complete checkpoint has and `checkpoint` lacks (empty: it is complete)."""
+def missing_checkpoint_files(checkpoint: str | Path) -> list[str]:
+    """The files a complete checkpoint has and `checkpoint` lacks (empty: it is complete).
+
+    `TyingTrainer` writes `tying_state.pt` last, for every strategy (`none` included), so a checkpoint without it
+    was interrupted while saving; one saved under other settings is complete, and resuming from it is refused by
+    the trainer, naming the difference, rather than skipped.
+    """
     checkpoint = Path(checkpoint)
     missing = [name for name in ("config.json", TRAINER_STATE) if not (checkpoint / name).is_file()]
     if not any((checkpoint / name).is_file() for name in WEIGHTS_FILES):
         missing.append(" or ".join(WEIGHTS_FILES))
-    if needs_tying_state and not (checkpoint / TYING_STATE).is_file():
+    if not (checkpoint / TYING_STATE).is_file():
         missing.append(TYING_STATE)
     return missing
 
 
-def last_complete_checkpoint(output_dir: str | Path, needs_tying_state: bool) -> Path | None:
+def last_complete_checkpoint(output_dir: str | Path) -> Path | None:
     """The highest-numbered complete `checkpoint-N` in `output_dir`; incomplete ones are skipped with a warning."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return None
     numbered = [(int(match.group(1)), path) for path in output_dir.iterdir() if (match := _CHECKPOINT_NAME.match(path.name))]
     for _, checkpoint in sorted(numbered, reverse=True):
-        missing = missing_checkpoint_files(checkpoint, needs_tying_state)
+        missing = missing_checkpoint_files(checkpoint)
         if not missing:
             return checkpoint
         logger.warning(f"Skipping {checkpoint}: an interrupted save left it without {', '.join(missing)}")
     return None
 
 
-def checkpoint_to_resume(output_dir: str | Path, resume_from_checkpoint: str | None, needs_tying_state: bool) -> str | None:
+def checkpoint_to_resume(output_dir: str | Path, resume_from_checkpoint: str | None) -> str | None:
     """An explicit `resume_from_checkpoint` (which must be complete), else the last complete checkpoint in
     `output_dir`: re-running a crashed command picks up where it was."""
     if resume_from_checkpoint is not None:
-        missing = missing_checkpoint_files(resume_from_checkpoint, needs_tying_state)
+        missing = missing_checkpoint_files(resume_from_checkpoint)
         if missing:
             raise ValueError(f"--resume_from_checkpoint {resume_from_checkpoint} is incomplete: it has no {', '.join(missing)}")
         return str(resume_from_checkpoint)
-    last = last_complete_checkpoint(output_dir, needs_tying_state)
+    last = last_complete_checkpoint(output_dir)
     if last is not None:
         logger.warning(f"Resuming from {last}, the last complete checkpoint in {output_dir}")
     return None if last is None else str(last)

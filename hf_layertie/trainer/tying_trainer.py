@@ -193,7 +193,7 @@ class TyingTrainer(Trainer):
         step = self.state.global_step + 1
         output_dir = self.args.output_dir
         # The checkpoint a re-run resumes from: get_last_checkpoint would name an incomplete one.
-        last = last_complete_checkpoint(output_dir, needs_tying_state=self.args.tying_mode != "none")
+        last = last_complete_checkpoint(output_dir)
         remedy = f"a lower learning_rate (this run: {self.args.learning_rate}) or a longer warm-up"
         way_on = (
             f"To go on, resume from the last checkpoint, {last}, with {remedy}"
@@ -399,9 +399,10 @@ class TyingTrainer(Trainer):
 
     def _save_checkpoint(self, model, trial) -> None:
         """The Trainer's checkpoint, then the tying state, written last and atomically (a checkpoint with a
-        `tying_state.pt` is complete), then the history so far."""
+        `tying_state.pt` is complete; `none` writes one too, so that a tying run refuses to continue it), then the
+        history so far."""
         super()._save_checkpoint(model, trial)
-        if self.args.tying_mode != "none" and self.args.should_save:
+        if self.args.should_save:
             folder = os.path.join(self._get_output_dir(trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             partial = os.path.join(folder, TYING_STATE_NAME + ".partial")
             torch.save(self._tying_state(), partial)
