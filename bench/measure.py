@@ -202,12 +202,15 @@ def retie_milliseconds(model, repeats: int = 50) -> float:
     """Median wall time of `model.retie` for one decision, as training makes them: a random block takes a random
     one of its other options (independent, or an earlier block that owns weights) from the current map."""
     generator = torch.Generator().manual_seed(0)
+    synchronize = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     times = []
     for _ in range(repeats):
         block = int(torch.randint(1, len(model.tying_map), (1,), generator=generator))
         options = [option for option in model.tying_map.decision_options(block) if option != model.tying_map[block]]
         source = options[int(torch.randint(0, len(options), (1,), generator=generator))]
+        synchronize()
         started = time.perf_counter()
         model.retie(model.tying_map.with_decision(block, source))
+        synchronize()
         times.append(time.perf_counter() - started)
     return 1000 * statistics.median(times)

@@ -95,13 +95,18 @@ class Scheduler:
 
     def run(self) -> list[str]:
         self.progress = tqdm(desc="Study runs", unit="run", total=len(self.queue))
-        while self.queue or self.running:
-            while self.queue and len(self.running) < self.jobs:
-                self._start(*self.queue.pop(0))
-            time.sleep(0.5)
-            for directory in [d for d, (process, _, _) in self.running.items() if process.poll() is not None]:
-                self._finish(directory)
-        self.progress.close()
+        try:
+            while self.queue or self.running:
+                while self.queue and len(self.running) < self.jobs:
+                    self._start(*self.queue.pop(0))
+                time.sleep(0.5)
+                for directory in [d for d, (process, _, _) in self.running.items() if process.poll() is not None]:
+                    self._finish(directory)
+        finally:  # an interrupted study leaves no run training on unseen (its folder has no result: it reruns)
+            for process, _, _ in self.running.values():
+                process.terminate()
+                process.wait()
+            self.progress.close()
         return self.failures
 
     def _start(self, order: float, spec: RunSpec) -> None:

@@ -1,6 +1,7 @@
 """TyingTrainer: decisions inside training_step, optimizer in step with the model, resume, logging, errors."""
 
 import json
+import re
 import shutil
 
 import datasets
@@ -290,7 +291,7 @@ START_AFRESH = r"To continue that run, repeat its settings; to start a new one, 
         ("dlt", dict(epsilon_start=0.5, tying_interval=3), r"\(tying_interval=2 there, 3 here; epsilon_start=None there, 0.5 here\)"),
         ("dlt", dict(max_distinct_blocks=3), r"\(max_distinct_blocks=None there, 3 here\)"),
         ("dlt", dict(reward_block_cost=0.1), r"\(reward_block_cost=0.0 there, 0.1 here\)"),
-        ("none", dict(tying_strategy="dlt"), r"cannot resume tying_strategy='dlt' from .*checkpoint-2: it has no tying_state.pt"),
+        ("none", dict(tying_strategy="dlt"), r"\(tying_strategy='none' there, 'dlt' here\)"),
     ],
 )
 def test_resuming_under_other_tying_settings_is_refused_naming_both_values(tmp_path, saved_checkpoints, saved, overrides, message):
@@ -298,6 +299,16 @@ def test_resuming_under_other_tying_settings_is_refused_naming_both_values(tmp_p
     with pytest.raises(ValueError, match=message) as error:
         trainer.train(resume_from_checkpoint=str(saved_checkpoints[saved]))
     assert START_AFRESH in str(error.value) and str(saved_checkpoints[saved].parent) in str(error.value)
+    assert trainer.state.global_step == 0
+
+
+def test_a_checkpoint_without_its_tying_state_is_refused_by_a_tying_run(tmp_path, saved_checkpoints):
+    checkpoint = tmp_path / "checkpoint-2"
+    shutil.copytree(saved_checkpoints["dlt"], checkpoint)
+    (checkpoint / TYING_STATE_NAME).unlink()
+    trainer = make_trainer(tmp_path / "run", max_steps=4)
+    with pytest.raises(ValueError, match=f"cannot resume tying_strategy=.dlt. from {re.escape(str(checkpoint))}: it has no {TYING_STATE_NAME}"):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
     assert trainer.state.global_step == 0
 
 

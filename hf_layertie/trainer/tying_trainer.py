@@ -381,10 +381,15 @@ class TyingTrainer(Trainer):
 
     @contextmanager
     def _timed(self, part: str):
+        """Add the wall time of the block to `tying_seconds[part]`; on a GPU, after the queued kernels finish, or
+        the time of asynchronous work would be charged to whatever synchronises next."""
+        synchronize = torch.cuda.synchronize if self.args.device.type == "cuda" else (lambda: None)
+        synchronize()
         started = time.perf_counter()
         try:
             yield
         finally:
+            synchronize()
             self.tying_seconds[part] += time.perf_counter() - started
 
     # ----- checkpoints, resume and saving -----
@@ -435,8 +440,8 @@ class TyingTrainer(Trainer):
             if self.args.tying_mode != "none":
                 raise ValueError(
                     f"cannot resume tying_strategy={self.args.tying_strategy!r} from {checkpoint}: it has no "
-                    f"{TYING_STATE_NAME}, so it was saved by a tying_strategy='none' run or its run stopped while "
-                    f"saving it. {start_afresh}, or resume from an earlier, complete checkpoint"
+                    f"{TYING_STATE_NAME}, so a plain Trainer saved it or its save was interrupted. {start_afresh}, or "
+                    f"resume from an earlier, complete checkpoint"
                 )
             return
         saved = state["settings"]
