@@ -106,6 +106,7 @@ def run_lambada(argv: list[str] | None = None) -> dict[str, float]:
         trainer.log_metrics("eval", metrics)
         trainer.save_metrics("eval", metrics)
         trainer.create_model_card(eval_results={"lambada": scores})
+    trainer.accelerator.end_training()  # see language_modeling.run: destroys the process group before exit
     return metrics
 
 

@@ -164,6 +164,8 @@ def run(task: LanguageModelingTask, argv: list[str] | None = None) -> dict[str, 
         trainer.push_to_hub()
     if trainer.is_world_process_zero():
         _print_report(task, metrics, trainer.model, tokenizer, grouped["validation"], data_args.sample_max_new_tokens)
+    # Under `accelerate launch`, gloo aborts the interpreter at exit (SIGABRT) unless its process group is destroyed.
+    trainer.accelerator.end_training()
     return metrics
 
 

@@ -46,3 +46,4 @@ try:
 except FloatingPointError as error:
     with open(f"{output_dir}/stopped{trainer.args.process_index}.txt", "w") as stopped:
         stopped.write(str(error))
+trainer.accelerator.end_training()  # gloo aborts the interpreter at exit unless its process group is destroyed

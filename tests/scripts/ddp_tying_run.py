@@ -53,3 +53,4 @@ torch.save(
     },
     f"{output_dir}/rank{rank}.pt",
 )
+trainer.accelerator.end_training()  # gloo aborts the interpreter at exit unless its process group is destroyed
