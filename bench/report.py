@@ -245,7 +245,9 @@ def _plot_quality(rows: dict[str, dict], runs: dict[str, dict[int, dict]], bigra
     for index, label in enumerate(shown):
         row = rows[label]
         budget = round(row["distinct_mean"], 1)
-        offset, at_budget[budget] = 0.12 * at_budget.get(budget, 0), at_budget.get(budget, 0) + 1
+        earlier = at_budget.get(budget, 0)  # markers already drawn at this budget
+        at_budget[budget] = earlier + 1
+        offset = 0.12 * earlier
         half = 0 if math.isnan(row["test_loss_half_width"]) else row["test_loss_half_width"]
         axes.errorbar(
             row["distinct_mean"] + offset, row["test_loss"], yerr=half, capsize=4, label=label,

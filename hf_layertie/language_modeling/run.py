@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from accelerate import PartialState
 from transformers import DataCollatorForLanguageModeling, PreTrainedModel, default_data_collator, pipeline, set_seed
 
 from ..models import TIED_MODELS
@@ -94,7 +95,19 @@ def parse_arguments(task: LanguageModelingTask, argv: list[str] | None = None) -
 
 def run(task: LanguageModelingTask, argv: list[str] | None = None) -> dict[str, float]:
     """Train and/or evaluate; returns the metrics (also written to `output_dir/all_results.json`)."""
-    model_args, data_args, training_args = parse_arguments(task, argv)
+    metrics = _train_and_evaluate(task, *parse_arguments(task, argv))
+    # Parsing the arguments joined the process group under `accelerate launch`; gloo aborts the interpreter at exit
+    # (SIGABRT) unless it is destroyed, whichever way the run ended (a finished run re-run included).
+    PartialState().destroy_process_group()
+    return metrics
+
+
+def _train_and_evaluate(
+    task: LanguageModelingTask,
+    model_args: ModelArguments,
+    data_args: DataTrainingArguments,
+    training_args: TyingTrainingArguments,
+) -> dict[str, float]:
     set_up_logging(training_args.get_process_log_level())
     finished = finished_training_step(training_args.output_dir, training_args.max_steps) if training_args.do_train else None
     if finished is not None:
@@ -164,8 +177,6 @@ def run(task: LanguageModelingTask, argv: list[str] | None = None) -> dict[str, 
         trainer.push_to_hub()
     if trainer.is_world_process_zero():
         _print_report(task, metrics, trainer.model, tokenizer, grouped["validation"], data_args.sample_max_new_tokens)
-    # Under `accelerate launch`, gloo aborts the interpreter at exit (SIGABRT) unless its process group is destroyed.
-    trainer.accelerator.end_training()
     return metrics
 
 
