@@ -91,7 +91,7 @@ class BenchArguments:
 
     preset: Literal["tiny", "default", "gpu"] = field(
         default="default",
-        metadata={"help": "tiny: a 2-minute smoke test. default: the CPU study (about 3 h on 2 cores). gpu: one GPU."},
+        metadata={"help": "tiny: a 2-minute smoke test. default: the CPU study (about 2 h on 2 cores). gpu: one GPU."},
     )
     results_dir: str | None = field(
         default=None, metadata={"help": "Where runs/, results.json, results.md and the plots go. Default: bench/results/<preset>."}
