@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from .settings import STATIC_LAYOUTS, BenchSettings, RunSpec, independent_runs, memory_runs, runs_after_dlt  # noqa: E402
+from .settings import FINAL_MAP_LABEL, STATIC_LAYOUTS, BenchSettings, RunSpec, independent_runs, memory_runs, runs_after_dlt  # noqa: E402
 
 MB = 2**20
 
@@ -103,7 +103,7 @@ def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
             "agent_overhead": statistics.fmean(sum(run["tying_seconds"].values()) / run["train_seconds"] for run in results),
             "versus": {
                 name: paired_difference(runs, measured[other])
-                for name, other in (("none", "none"), ("random", "random"), ("best static", best_static))
+                for name, other in (("none", "none"), ("random", "random"), ("best static", best_static), ("dlt", "dlt"))
                 if other in measured and other != label
                 and (name != "best static" or _same_final_budget(runs, dlt_final))
             },
@@ -182,7 +182,8 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
             f"| {row['peak_state_mb']:.2f} | {row['peak_process_mb']:.0f} | {100 * row['agent_overhead']:.1f}% |"
         )
     lines += ["", "Paired verdicts (test loss, 95% interval):", ""]
-    for label in ("dlt", "dlt (paper agent)"):
+    # DLT's final map from scratch against DLT: whether the maps or the moving between them cost the quality.
+    for label in ("dlt", "dlt (paper agent)", FINAL_MAP_LABEL):
         for name, difference in rows.get(label, {}).get("versus", {}).items():
             if difference is not None:
                 lines.append(f"- {label} vs {name}: {difference['verdict']} ({_cell(difference)} nats, {difference['seeds']} seeds)")

@@ -217,6 +217,7 @@ class RunSpec:
 
 
 STATIC_LAYOUTS = ("sequence", "cycle", "cycle_rev")
+FINAL_MAP_LABEL = "dlt final map, from scratch"
 
 
 def independent_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
@@ -237,7 +238,7 @@ def runs_after_dlt(seed: int, final_map: list[int], final_distinct: int, average
     average = max(1, round(average_distinct))
     runs = [RunSpec(f"{layout} @ final U", f"static:{layout}:{final_distinct}", seed) for layout in STATIC_LAYOUTS]
     runs += [RunSpec(f"{layout} @ mean U", f"static:{layout}:{average}", seed) for layout in STATIC_LAYOUTS]
-    runs.append(RunSpec("dlt final map, from scratch", "static:" + ",".join(map(str, final_map)), seed))
+    runs.append(RunSpec(FINAL_MAP_LABEL, "static:" + ",".join(map(str, final_map)), seed))
     return runs
 
 

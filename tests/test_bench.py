@@ -81,6 +81,19 @@ def test_differences_are_paired_by_seed(tiny_bench):
 
 
 @pytest.mark.slow
+def test_dlt_final_map_from_scratch_is_compared_with_dlt(tiny_bench):
+    folder, results = tiny_bench
+    runs = results["runs"]
+    scratch = runs["dlt final map, from scratch"]
+    differences = [scratch[seed]["test_loss"] - runs["dlt"][seed]["test_loss"] for seed in scratch]
+    reported = results["rows"]["dlt final map, from scratch"]["versus"]["dlt"]
+    assert reported["mean"] == pytest.approx(statistics.fmean(differences))
+    assert reported["seeds"] == len(TINY.seeds)
+    verdict = f"- dlt final map, from scratch vs dlt: {reported['verdict']} ({reported['mean']:+.3f} ± {reported['half_width']:.3f} nats"
+    assert verdict in (folder / "results.md").read_text()
+
+
+@pytest.mark.slow
 def test_tying_lowers_the_peak_training_state_at_every_depth(tiny_bench):
     folder, results = tiny_bench
     memory = {(run["num_blocks"], run["strategy"]): run for run in results["memory"]}
