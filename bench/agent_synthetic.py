@@ -43,7 +43,7 @@ SCENARIOS = (
 
 def found_and_agreement(scenario: Scenario, seed: int, random_actions: bool) -> tuple[bool, float]:
     problem = SyntheticTyingProblem.random(scenario.num_blocks, scenario.num_distinct, seed=1000 + seed, **dict(scenario.problem))
-    config = AgentConfig(variant=scenario.variant, max_distinct_blocks=scenario.cap, seed=seed)
+    config = AgentConfig(dlt_variant=scenario.variant, max_distinct_blocks=scenario.cap, agent_seed=seed)
     controller = TyingController(make_agent(scenario.num_blocks, config, random_actions), TyingReward.for_variant(scenario.variant))
     final = run_synthetic(controller, problem, scenario.decisions)
     return final == problem.best_map, problem.agreement(final)

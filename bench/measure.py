@@ -23,6 +23,7 @@ import torch
 from transformers import TrainerCallback, default_data_collator, set_seed
 
 from hf_layertie.data.embedded import SHAKESPEARE_DIR
+from hf_layertie.decisions import DECISIONS
 from hf_layertie.toolkit.baselines import bigram_loss
 from hf_layertie.toolkit.data import take_first, tokenize_and_group
 from hf_layertie.toolkit.models import load_model, load_tokenizer
@@ -110,14 +111,16 @@ def build_model(tokenizer, num_blocks: int, hidden: int, heads: int, context: in
 def training_arguments(settings: BenchSettings, spec: RunSpec, output_dir: Path) -> TyingTrainingArguments:
     memory = spec.kind == "memory"
     steps = settings.memory_steps if memory else settings.max_steps
-    dynamic = spec.strategy in ("dlt", "random")
+    # Only the settings the strategy reads (TyingTrainingArguments refuses the others).
     tying = dict(
         tying_strategy=spec.strategy,
         dlt_variant=spec.dlt_variant,
         tying_interval=settings.memory_tying_interval if memory else settings.tying_interval,
-        max_distinct_blocks=(settings.memory_max_distinct_blocks if memory else settings.max_distinct_blocks) if dynamic else None,
-        similarity_warmup_steps=steps // 10 if spec.strategy.startswith("similarity") else 0,
+        max_distinct_blocks=settings.memory_max_distinct_blocks if memory else settings.max_distinct_blocks,
+        similarity_warmup_steps=steps // 10,
     )
+    reads = DECISIONS[spec.strategy.partition(":")[0]].settings
+    tying = {name: value for name, value in tying.items() if name == "tying_strategy" or name in reads}
     batch_size = settings.memory_batch_size if memory else settings.batch_size
     return TyingTrainingArguments(
         output_dir=str(output_dir),

@@ -64,7 +64,7 @@ PRESETS: dict[str, BenchSettings] = {
     ),  # fmt: skip
     # The CPU study: 12 blocks of width 64 (82% of the parameters in blocks), 2,000 steps of 16 x 64 tokens
     # (2 M tokens, 1.3 epochs of the training works: enough to pass a count bigram), 1,000 decisions per DLT run,
-    # 5 seeds.
+    # 5 seeds. k = 2, not the library's (and the paper's) 15: k sets how many decisions a run of this length has.
     "default": BenchSettings(
         n_layer=12, n_embd=64, n_head=4, block_size=64, max_steps=2000, batch_size=16, learning_rate=3e-3,
         warmup_steps=50, tying_interval=2, max_distinct_blocks=4, seeds=(0, 1, 2, 3, 4), max_test_blocks=None,

@@ -11,8 +11,9 @@ import torch
 from hf_layertie.data.embedded import SHAKESPEARE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
-# The README's command for a CPU-only machine.
-LAUNCH = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
+# The README's command for a CPU-only machine (`accelerate launch ...`), run by this Python, so that the suite
+# passes however it is invoked (a virtual environment that is not activated has no `accelerate` on PATH).
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
 
 
 def launch(script_and_args, cwd):
@@ -54,7 +55,7 @@ def test_run_clm_under_accelerate_launch_on_two_processes(tmp_path):
             "--train_file", "train.txt", "--validation_file", "validation.txt",
             "--config_overrides", "n_layer=3,n_embd=16,n_head=2,n_positions=32", "--block_size", "32",
             "--output_dir", "out", "--do_train", "--do_eval", "--max_steps", "6", "--tying_interval", "2",
-            "--reward_batch_size", "4", "--per_device_train_batch_size", "4", "--max_eval_samples", "8",
+            "--per_device_train_batch_size", "4", "--max_eval_samples", "8",
             "--report_to", "none", "--disable_tqdm", "true", "--log_level", "info",
         ],  # fmt: skip
         cwd=tmp_path,
@@ -63,3 +64,15 @@ def test_run_clm_under_accelerate_launch_on_two_processes(tmp_path):
     assert (tmp_path / "out" / "model.safetensors").is_file() and (tmp_path / "out" / "README.md").is_file()
     history = (tmp_path / "out" / "tying_history.jsonl").read_text().splitlines()
     assert len(history) == 3  # written once (rank 0), one line per decision
+
+
+def test_a_run_resumed_on_two_ranks_rewards_its_pending_decision_as_the_uninterrupted_run(tmp_path):
+    launch([str(REPO / "tests" / "scripts" / "ddp_resume_run.py"), str(tmp_path)], cwd=tmp_path)
+    for rank in (0, 1):
+        runs = torch.load(tmp_path / f"rank{rank}.pt")
+        full, resumed = runs["full"], runs["resumed"]
+        assert [row["step"] for row in full["records"]] == [0, 4, 8]
+        # The window of the decision of step 4 spans the checkpoint of step 6: its loss must be the same.
+        assert full["records"] == resumed["records"], (full["records"], resumed["records"])
+        for name, tensor in full["state_dict"].items():
+            assert torch.equal(tensor, resumed["state_dict"][name]), f"rank {rank}: {name} differs after resuming"

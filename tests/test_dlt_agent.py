@@ -28,9 +28,9 @@ from hf_layertie.dlt import (
 )
 
 
-def controller(num_blocks, random_actions=False, **config):
-    config = AgentConfig(**config)
-    return TyingController(make_agent(num_blocks, config, random_actions), TyingReward.for_variant(config.variant))
+def controller(num_blocks, random_actions=False, variant="default", seed=0, **config):
+    config = AgentConfig(dlt_variant=variant, agent_seed=seed, **config)
+    return TyingController(make_agent(num_blocks, config, random_actions), TyingReward.for_variant(config.dlt_variant))
 
 
 def solved(num_blocks, num_distinct, decisions, seeds, random_actions=False, **config):
@@ -96,7 +96,7 @@ def tying_maps(max_blocks=8):
 @given(tying_maps(), st.integers(0, 30), st.integers(1, 8), st.sampled_from(["default", "paper"]))
 def test_every_proposal_is_an_option_of_its_block_within_the_cap(tying_map, index, cap, variant):
     cap = max(cap, tying_map.num_distinct)
-    agent = make_agent(len(tying_map), AgentConfig(variant=variant, max_distinct_blocks=cap, seed=index))
+    agent = make_agent(len(tying_map), AgentConfig(dlt_variant=variant, max_distinct_blocks=cap, agent_seed=index))
     decision = agent.propose(tying_map, index, planned_decisions=40)
     assert decision.block == 1 + index % (len(tying_map) - 1)
     assert decision.source in agent.options(tying_map, decision.block)
@@ -107,7 +107,7 @@ def test_every_proposal_is_an_option_of_its_block_within_the_cap(tying_map, inde
 def test_default_options_are_distinct_while_the_paper_keeps_every_earlier_block():
     all_tied = TyingMap([0] * 6)
     assert make_agent(6).options(all_tied, 5) == [5, 0]
-    assert make_agent(6, AgentConfig(variant="paper")).options(all_tied, 5) == [0, 1, 2, 3, 4, 5]
+    assert make_agent(6, AgentConfig(dlt_variant="paper")).options(all_tied, 5) == [0, 1, 2, 3, 4, 5]
 
 
 def test_a_cap_removes_every_option_that_would_exceed_it():
@@ -124,7 +124,7 @@ def test_default_exploration_falls_linearly_then_exploits():
 
 
 def test_paper_exploration_decays_once_per_sweep_to_its_floor():
-    agent = make_agent(4, AgentConfig(variant="paper"))  # 3 decisions per sweep
+    agent = make_agent(4, AgentConfig(dlt_variant="paper"))  # 3 decisions per sweep
     assert [agent.epsilon(index, 10) for index in (0, 2, 3, 6)] == [1.0, 1.0, 0.95, 0.95**2]
     assert agent.epsilon(3 * 200, 10) == 0.1
 
@@ -158,13 +158,13 @@ def test_a_restored_controller_continues_exactly_as_the_uninterrupted_one(varian
     first = controller(6, variant=variant, seed=1)
     tying_map, window_loss = TyingMap([0] * 6), None
     for index in range(30):
-        tying_map = TyingMap(first.decide(index, tying_map, 80, window_loss)["map"])
+        tying_map = TyingMap(first.decide(index, tying_map, 80, window_loss)[1]["map"])
         window_loss = problem.window_loss(tying_map, index)
     state = first.state_dict()
     second = controller(6, variant=variant, seed=1)
     second.load_state_dict(state)
     for index in range(30, 80):
-        tying_map = TyingMap(second.decide(index, tying_map, 80, window_loss)["map"])
+        tying_map = TyingMap(second.decide(index, tying_map, 80, window_loss)[1]["map"])
         window_loss = problem.window_loss(tying_map, index)
     second.finish(window_loss)
     assert [row["map"] for row in second.rows] == [row["map"] for row in full.rows]
@@ -184,7 +184,7 @@ def test_every_row_carries_its_own_decisions_reward_and_non_finite_losses_are_sk
     maps = []
     tying_map = TyingMap([0] * 4)
     for index, loss in enumerate([None, 3.0, math.nan, 2.0]):
-        maps.append(run.decide(index, tying_map, 10, loss)["map"])
+        maps.append(run.decide(index, tying_map, 10, loss)[1]["map"])
         tying_map = TyingMap(maps[-1])
     completed = run.finish(1.5)
     assert [row["loss"] for row in run.rows] == [3.0, None, 2.0, 1.5]
@@ -204,7 +204,7 @@ def test_paper_q_network_is_one_hidden_layer_over_the_raw_map_with_a_slice_per_b
 
 
 def test_paper_agent_uses_adamw_with_weight_decay_mse_and_the_same_blocks_slice_for_its_target():
-    agent = make_agent(4, AgentConfig(variant="paper", seed=0))
+    agent = make_agent(4, AgentConfig(dlt_variant="paper", agent_seed=0))
     assert isinstance(agent, PaperAgent) and isinstance(agent.optimizer, torch.optim.AdamW)
     assert agent.optimizer.defaults["weight_decay"] == 0.01 and agent.optimizer.defaults["lr"] == 1e-3
     decision = agent.propose(TyingMap([0, 0, 0, 0]), 0, 10)
@@ -223,27 +223,27 @@ def test_paper_reward_is_clipped_negative_perplexity():
 
 
 def test_defaults_of_each_variant():
-    default, paper = AgentConfig(), AgentConfig(variant="paper")
-    assert (default.gamma, default.epsilon_start, default.epsilon_min, default.exploration_fraction) == (0.0, 1.0, 0.0, 0.8)
-    assert (default.forgetting, default.ridge, default.hidden_size, default.epsilon_decay) == (0.98, 1.0, None, None)
-    assert (paper.gamma, paper.epsilon_start, paper.epsilon_decay, paper.epsilon_min) == (0.99, 1.0, 0.95, 0.1)
-    assert (paper.hidden_size, paper.learning_rate, paper.weight_decay, paper.forgetting) == (128, 1e-3, 0.01, None)
+    default, paper = AgentConfig(), AgentConfig(dlt_variant="paper")
+    assert (default.q_gamma, default.epsilon_start, default.epsilon_min, default.exploration_fraction) == (0.0, 1.0, 0.0, 0.8)
+    assert (default.q_forgetting, default.q_ridge, default.q_hidden_size, default.epsilon_decay) == (0.98, 1.0, None, None)
+    assert (paper.q_gamma, paper.epsilon_start, paper.epsilon_decay, paper.epsilon_min) == (0.99, 1.0, 0.95, 0.1)
+    assert (paper.q_hidden_size, paper.q_learning_rate, paper.q_weight_decay, paper.q_forgetting) == (128, 1e-3, 0.01, None)
     assert isinstance(make_agent(4), AfterstateAgent)
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"variant": "clever"}, "variant must be one of 'default', 'paper', got 'clever'"),
-        ({"epsilon_decay": 0.9}, "epsilon_decay is only used by variant 'paper', not 'default'"),
-        ({"variant": "paper", "forgetting": 0.9}, "forgetting is only used by variant 'default', not 'paper'"),
-        ({"gamma": 1.5}, r"gamma must be a number in \[0.0, 1.0\], got 1.5"),
+        ({"dlt_variant": "clever"}, "dlt_variant must be one of 'default', 'paper', got 'clever'"),
+        ({"epsilon_decay": 0.9}, "epsilon_decay is only used by dlt_variant 'paper', not 'default'"),
+        ({"dlt_variant": "paper", "q_forgetting": 0.9}, "q_forgetting is only used by dlt_variant 'default', not 'paper'"),
+        ({"q_gamma": 1.5}, r"q_gamma must be a number in \[0.0, 1.0\], got 1.5"),
         ({"epsilon_start": 0.1, "epsilon_min": 0.2}, "epsilon_min .* must not exceed epsilon_start"),
         ({"max_distinct_blocks": 0}, "max_distinct_blocks must be an integer >= 1"),
         ({"max_distinct_blocks": True}, "max_distinct_blocks must be an integer >= 1"),
-        ({"seed": 2**70}, r"seed must be an integer \(and below 2\*\*63\)"),
-        ({"forgetting": 0.0}, r"forgetting must be a number in \(0.0, 1.0\]"),
-        ({"ridge": -1.0}, "ridge must be a number in"),
+        ({"agent_seed": 2**70}, r"agent_seed must be an integer \(and below 2\*\*63\)"),
+        ({"q_forgetting": 0.0}, r"q_forgetting must be a number in \(0.0, 1.0\]"),
+        ({"q_ridge": -1.0}, "q_ridge must be a number in"),
     ],
 )
 def test_config_errors_name_the_field_and_what_was_expected(kwargs, message):
@@ -253,7 +253,7 @@ def test_config_errors_name_the_field_and_what_was_expected(kwargs, message):
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"kind": "ppl"}, "kind must be one of"), ({"block_cost": -1.0}, "block_cost must be a finite number >= 0")],
+    [({"kind": "ppl"}, "kind must be one of"), ({"reward_block_cost": -1.0}, r"reward_block_cost must be a number in \[0.0, inf\)"), ({"reward_block_cost": math.inf}, "reward_block_cost must be a number in")],
 )
 def test_reward_errors_name_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -261,7 +261,7 @@ def test_reward_errors_name_the_field(kwargs, message):
 
 
 def test_block_cost_is_charged_per_block_owning_weights():
-    assert TyingReward(block_cost=0.1)(2.0, TyingMap([0, 0, 2, 3])) == pytest.approx(-2.3)
+    assert TyingReward(reward_block_cost=0.1)(2.0, TyingMap([0, 0, 2, 3])) == pytest.approx(-2.3)
 
 
 @pytest.mark.parametrize("num_blocks", [0, 1, 2.0, True])

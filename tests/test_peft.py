@@ -87,3 +87,13 @@ def test_to_untied_with_adapters_in_place_is_refused_naming_the_way_to_merge():
     peft_model = add_adapters(GPT2.tied_model([0, 0, 2, 2]), lora(), warns="blocks [0, 1, 2, 3]")
     with pytest.raises(ValueError, match=r"to_untied\(\) needs a model without PEFT adapters: merge them first"):
         peft_model.get_base_model().to_untied()
+
+
+def test_a_tying_strategy_on_a_peft_model_says_that_peft_models_are_not_supported(tmp_path):
+    from hf_layertie import TyingTrainer, TyingTrainingArguments
+
+    peft_model = add_adapters(GPT2.tied_model([0, 0, 2, 2]), lora(), warns="PEFT adapters were added")
+    args = TyingTrainingArguments(output_dir=str(tmp_path), tying_strategy="dlt", use_cpu=True, report_to=[])
+    with pytest.raises(ValueError, match=r"tying_strategy='dlt' does not support PEFT-wrapped models \(PeftModel.* around a TiedGPT2LMHeadModel\).*with tying_strategy='none'"):
+        TyingTrainer(model=peft_model, args=args)
+    TyingTrainer(model=peft_model, args=args.without_tying())  # adapters on the fixed map train as usual

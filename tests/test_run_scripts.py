@@ -32,6 +32,8 @@ def text_files(tmp_path_factory):
 
 
 def tiny_flags(output_dir, text_files, overrides, *extra):
+    """A 6-step run on a few hundred lines; DLT (the default strategy) decides every 2 steps."""
+    schedule = [] if "--tying_strategy" in extra else ["--tying_interval", "2"]
     return [
         "--train_file", str(text_files / "train.txt"),
         "--validation_file", str(text_files / "validation.txt"),
@@ -40,8 +42,7 @@ def tiny_flags(output_dir, text_files, overrides, *extra):
         "--output_dir", str(output_dir),
         "--do_train", "--do_eval",
         "--max_steps", "6",
-        "--tying_interval", "2",
-        "--reward_batch_size", "4",
+        *schedule,
         "--per_device_train_batch_size", "4",
         "--max_eval_samples", "8",
         "--report_to", "none",
@@ -87,7 +88,6 @@ def test_arguments_can_come_from_a_json_file(tmp_path, text_files):
         "do_train": True,
         "max_steps": 2,
         "per_device_train_batch_size": 4,
-        "reward_batch_size": 4,
         "tying_strategy": "static:all",
         "report_to": [],
     }
@@ -113,12 +113,13 @@ def test_a_crashed_run_resumes_from_its_last_complete_checkpoint(tmp_path, text_
 
 
 def test_a_tying_run_refuses_to_continue_the_checkpoints_of_a_conventional_run(tmp_path, text_files):
-    conventional = tiny_flags(tmp_path, text_files, TINY_GPT2, "--save_steps", "2", "--do_eval", "false")
-    run(CAUSAL_LM, [*conventional, "--tying_strategy", "none", "--max_steps", "4"])
+    common = ("--save_steps", "2", "--do_eval", "false")
+    run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2, *common, "--tying_strategy", "none", "--max_steps", "4"))
+    tying = tiny_flags(tmp_path, text_files, TINY_GPT2, *common)
     (tmp_path / "trainer_state.json").unlink()  # as if it had crashed after its step-4 checkpoint
     kept = {path: path.read_bytes() for path in tmp_path.glob("checkpoint-*/*") if path.is_file()}
     with pytest.raises(ValueError, match="tying_strategy='none' there, 'dlt' here"):
-        run(CAUSAL_LM, conventional)
+        run(CAUSAL_LM, tying)
     assert {path: path.read_bytes() for path in tmp_path.glob("checkpoint-*/*") if path.is_file()} == kept
 
 
@@ -131,6 +132,39 @@ def test_a_finished_run_run_again_says_so_and_changes_nothing(tmp_path, text_fil
     assert "already finished at step 6: nothing is trained or changed" in caplog.text
     assert again == first
     assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == files
+
+
+def test_a_kill_after_the_last_checkpoint_finishes_from_it_without_a_step_more(tmp_path, text_files):
+    flags = tiny_flags(
+        tmp_path, text_files, TINY_GPT2, "--save_steps", "2", "--do_eval", "false",
+        "--lr_scheduler_type", "constant", "--warmup_steps", "0",
+    )  # fmt: skip
+    run(CAUSAL_LM, flags)
+    uninterrupted = {name: (tmp_path / name).read_bytes() for name in ("tying_history.jsonl", "model.safetensors")}
+    # Killed after checkpoint-6 (at max_steps) was saved, before the final model and state were.
+    for name in ("trainer_state.json", "model.safetensors", "tying_state.pt", "all_results.json"):
+        (tmp_path / name).unlink()
+    run(CAUSAL_LM, flags)
+    assert json.loads((tmp_path / "trainer_state.json").read_text())["global_step"] == 6
+    assert not (tmp_path / "checkpoint-7").exists()
+    assert {name: (tmp_path / name).read_bytes() for name in uninterrupted} == uninterrupted
+    assert len((tmp_path / "tying_history.jsonl").read_text().splitlines()) == 3
+
+
+def test_a_finished_run_that_lost_its_results_produces_them_from_the_saved_model(tmp_path, text_files, caplog):
+    flags = tiny_flags(tmp_path, text_files, TINY_GPT2)
+    first = run(CAUSAL_LM, flags)
+    weights = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "all_results.json").unlink()  # killed during the final evaluation
+    (tmp_path / "README.md").unlink()
+    with caplog.at_level("WARNING"):
+        again = run(CAUSAL_LM, flags)
+    assert "finished at step 6 without all_results.json, README.md: producing them" in caplog.text
+    assert again["eval_loss"] == pytest.approx(first["eval_loss"], abs=1e-6)
+    assert json.loads((tmp_path / "all_results.json").read_text())["eval_loss"] == pytest.approx(first["eval_loss"], abs=1e-6)
+    assert "eval_loss" in (tmp_path / "README.md").read_text()
+    assert (tmp_path / "model.safetensors").read_bytes() == weights
+    assert json.loads((tmp_path / "trainer_state.json").read_text())["global_step"] == 6
 
 
 # --- the embedded default, and flags on top of it --------------------------------------------------
@@ -191,6 +225,21 @@ def write(path, text):
         (lambda d, t: ["--train_file", str(t / "train.txt"), "--max_train_samples", "0"], ValueError, "--max_train_samples must be a positive integer, got 0"),
         (lambda d, t: ["--train_file", str(t / "train.txt"), "--model_type", "tied_gpt5"], ValueError, "--model_type 'tied_gpt5' is not a tied model type"),
         (lambda d, t: ["--train_file", str(t / "train.txt"), "--model_type", "tied_bert"], ValueError, "--model_type 'tied_bert' does not fit run_clm.py"),
+        (
+            lambda d, t: ["--train_file", write(d / "numbers.csv", "a,b\n1,2\n3,4\n")],
+            ValueError,
+            r"The text column 'a' of the train split of --train_file/--validation_file .*numbers.csv holds Value\('int64'\), not text",
+        ),
+        (
+            lambda d, t: ["--train_file", write(d / "rows.jsonl", '{"text": "a line"}\n{"text": null}\n{"text": "more"}\n')],
+            ValueError,
+            r"Row 1 of the train split of --train_file/--validation_file .*rows.jsonl holds None in the text column 'text': every row needs a string",
+        ),
+        (
+            lambda d, t: ["--train_file", write(d / "ints.jsonl", '{"text": 5}\n{"text": 6}\n')],
+            ValueError,
+            r"The text column 'text' of the train split of .*ints.jsonl holds Value\('int64'\), not text",
+        ),
     ],
 )
 def test_bad_input_to_run_clm_gives_one_clear_error(tmp_path, text_files, make_flags, error, message):
@@ -271,7 +320,7 @@ def test_run_lambada_fine_tunes_and_scores_only_the_held_out_passages(tmp_path, 
     flags = [
         "--model_name_or_path", str(checkpoint), "--lambada_file", str(lambada_file), "--do_train", "--do_eval",
         "--output_dir", str(tmp_path), "--report_to", "none", "--max_steps", "4", "--tying_interval", "2",
-        "--reward_batch_size", "4", "--per_device_train_batch_size", "4", "--block_size", "32", "--eval_fraction", "0.25",
+        "--per_device_train_batch_size", "4", "--block_size", "32", "--eval_fraction", "0.25",
     ]  # fmt: skip
     metrics = run_lambada(flags)
     assert metrics["eval_lambada_examples"] == 10  # the last quarter of 40 passages

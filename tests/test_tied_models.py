@@ -490,6 +490,21 @@ def test_config_rejects_an_unknown_tie_init(value):
 
 
 @every_kind
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_to_untied_in_half_precision_keeps_the_logits_and_the_buffers_dtypes(kind, dtype, tmp_path):
+    kind.tied_model([0, 0, 2, 2]).save_pretrained(tmp_path)
+    model = kind.tied_class.from_pretrained(tmp_path, dtype=dtype).eval()
+
+    plain = model.to_untied()
+
+    assert {name: buffer.dtype for name, buffer in plain.named_buffers()} == {
+        name: buffer.dtype for name, buffer in model.named_buffers()
+    }  # rotary inv_freq stays float32, as transformers keeps it
+    assert all(parameter.dtype == dtype for parameter in plain.parameters())
+    assert torch.equal(logits(plain), logits(model))
+
+
+@every_kind
 @FEW
 @given(entries=raw_tying_maps())
 def test_to_untied_gives_the_plain_class_with_a_copy_per_block_and_the_same_logits(kind, entries, tmp_path_factory):

@@ -28,10 +28,12 @@ def token_dataset(rows=64, length=16, seed=1):
 
 
 def tying_args(output_dir, **overrides):
+    """Arguments of a short test run; `dlt` and `random` decide every 2 steps unless told otherwise."""
+    dynamic = overrides.get("tying_strategy", "dlt") in ("dlt", "random")
     settings = dict(
         output_dir=str(output_dir),
         max_steps=24,
-        tying_interval=2,
+        **({"tying_interval": 2} if dynamic else {}),
         per_device_train_batch_size=4,
         learning_rate=1e-3,
         use_cpu=True,
@@ -191,7 +193,8 @@ def test_untied_block_gets_fresh_parameters_that_train(tmp_path):
     ],
 )
 def test_every_strategy_runs_through_the_same_trainer(tmp_path, strategy, expected_map):
-    trainer = make_trainer(tmp_path, tying_strategy=strategy, max_steps=6, similarity_warmup_steps=2)
+    warmup = {"similarity_warmup_steps": 2} if strategy.startswith("similarity") else {}
+    trainer = make_trainer(tmp_path, tying_strategy=strategy, max_steps=6, **warmup)
     result = trainer.train()
     assert result.global_step == 6
     if expected_map is not None:
@@ -207,8 +210,8 @@ def test_every_strategy_runs_through_the_same_trainer(tmp_path, strategy, expect
 def test_the_paper_variant_runs_through_the_trainer_with_its_own_agent(tmp_path):
     trainer = make_trainer(tmp_path, dlt_variant="paper", max_steps=8)
     trainer.train()
-    assert isinstance(trainer.controller.agent, PaperAgent)
-    assert trainer.controller.reward.kind == "clipped_negative_perplexity"
+    assert isinstance(trainer.decisions.controller.agent, PaperAgent)
+    assert trainer.decisions.controller.reward.kind == "clipped_negative_perplexity"
     assert all(record["reward"] == -10.0 for record in trainer.tying_records)  # loss > log(10): no signal
 
 
@@ -242,7 +245,7 @@ def test_decisions_are_logged_to_log_history_jsonl_and_a_plot(tmp_path):
 def test_a_fresh_run_starts_a_fresh_history_and_writes_strict_json(tmp_path):
     (tmp_path / TYING_HISTORY_NAME).write_text('{"from": "an earlier run"}\n')
     trainer = make_trainer(tmp_path, max_steps=4)
-    trainer.controller.reward.block_cost = 0.0
+    trainer.decisions.controller.reward.reward_block_cost = 0.0
     trainer.train()
     lines = (tmp_path / TYING_HISTORY_NAME).read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [0, 2]
@@ -286,7 +289,7 @@ START_AFRESH = r"To continue that run, repeat its settings; to start a new one, 
     "saved, overrides, message",
     [
         ("dlt", dict(tying_strategy="static:all"), r"\(tying_strategy='dlt' there, 'static:all' here\)"),
-        ("dlt", dict(tying_strategy="random", epsilon_start=0.5), r"\(tying_strategy='dlt' there, 'random' here\)"),
+        ("dlt", dict(tying_strategy="random", tying_interval=5), r"\(tying_strategy='dlt' there, 'random' here\)"),
         ("dlt", dict(tying_strategy="none"), r"\(tying_strategy='dlt' there, 'none' here\)"),
         ("dlt", dict(epsilon_start=0.5, tying_interval=3), r"\(tying_interval=2 there, 3 here; epsilon_start=None there, 0.5 here\)"),
         ("dlt", dict(max_distinct_blocks=3), r"\(max_distinct_blocks=None there, 3 here\)"),
@@ -312,10 +315,10 @@ def test_a_checkpoint_without_its_tying_state_is_refused_by_a_tying_run(tmp_path
     assert trainer.state.global_step == 0
 
 
-def test_settings_the_strategy_does_not_read_may_differ_on_resume(tmp_path, saved_checkpoints):
-    trainer = make_trainer(tmp_path, max_steps=4, tying_plot=False, similarity_warmup_steps=5, reward_batch_size=3)
+def test_the_plot_setting_may_differ_on_resume(tmp_path, saved_checkpoints):
+    trainer = make_trainer(tmp_path, max_steps=4, tying_plot=False)
     assert trainer.train(resume_from_checkpoint=str(saved_checkpoints["dlt"])).global_step == 4
-    plain = make_trainer(tmp_path / "none", tying_strategy="none", max_steps=4, tying_interval=7)
+    plain = make_trainer(tmp_path / "none", tying_strategy="none", max_steps=4, tying_plot=False)
     assert plain.train(resume_from_checkpoint=str(saved_checkpoints["none"])).global_step == 4
 
 
@@ -324,7 +327,7 @@ def test_settings_the_strategy_does_not_read_may_differ_on_resume(tmp_path, save
     [
         (b"", "is not a readable tying state"),
         (b"garbage, not a torch file", "is not a readable tying state"),
-        ({"controller": None}, r"is not a tying state: expected a dict with the keys \['controller', 'fixed_rows'"),
+        ({"controller": None}, r"is not a tying state: expected a dict with the keys \['decisions', 'settings', 'tying_strategy'\]"),
     ],
 )
 def test_an_unreadable_tying_state_is_named_on_resume(tmp_path, saved_checkpoints, content, message):
@@ -356,8 +359,9 @@ def test_a_non_finite_loss_stops_training_before_its_update_and_leaves_the_check
     # Two micro-batches per step; the first of step 3 (forward 5) is NaN: the run must stop before step 3's update.
     injection = NaNLossAtCall(call=5)
     model.lm_head.register_forward_hook(injection)
+    schedule = {"tying_interval": 4} if strategy == "dlt" else {}
     trainer = make_trainer(
-        tmp_path, model=model, tying_strategy=strategy, tying_interval=4, max_steps=4, gradient_accumulation_steps=2,
+        tmp_path, model=model, tying_strategy=strategy, **schedule, max_steps=4, gradient_accumulation_steps=2,
         save_strategy="steps", save_steps=2,
     )  # fmt: skip
     checkpoint = tmp_path / "checkpoint-2"
@@ -419,8 +423,8 @@ def test_maps_that_do_not_fit_the_model_are_rejected_at_construction(tmp_path, o
         (dict(q_forgetting=2.0), "q_forgetting must be a number in"),
         (dict(agent_seed=2**70), r"agent_seed must be an integer \(and below 2\*\*63\)"),
         (dict(max_distinct_blocks=0), "max_distinct_blocks must be an integer >= 1"),
-        (dict(reward_block_cost=-1.0), "reward_block_cost must be a finite number >= 0"),
-        (dict(dlt_variant="clever"), "dlt_variant='clever': expected one of 'default', 'paper'"),
+        (dict(reward_block_cost=-1.0), r"reward_block_cost must be a number in \[0.0, inf\), got -1.0"),
+        (dict(dlt_variant="clever"), "dlt_variant must be one of 'default', 'paper', got 'clever'"),
         (dict(reward_source="test"), "reward_source='test': expected 'train' or 'held_out'"),
         (dict(tying_strategy="static"), "needs an argument"),
         (dict(tying_strategy="static:bogus"), "unknown tying strategy 'bogus'"),
@@ -429,12 +433,44 @@ def test_maps_that_do_not_fit_the_model_are_rejected_at_construction(tmp_path, o
         (dict(tying_strategy="learned"), "tying_strategy='learned'"),
         (dict(tying_strategy=None), "tying_strategy must be a string, got None"),
         (dict(tying_strategy=["dlt"]), r"tying_strategy must be a string, got \['dlt'\]"),
-        (dict(tying_strategy="none", tying_initial_map="all"), "tying_initial_map is only used"),
+        (dict(tying_strategy="none", tying_initial_map="all"), "tying_strategy='none' does not read tying_initial_map"),
+        # Settings the chosen strategy never reads are refused, not ignored.
+        (dict(tying_strategy="none", q_gamma=0.5), "tying_strategy='none' does not read q_gamma: leave it unset"),
+        (dict(tying_strategy="static:all", epsilon_start=0.5), "'static:all' does not read epsilon_start"),
+        (dict(tying_strategy="static:all", tying_interval=3), "'static:all' does not read tying_interval"),
+        (dict(tying_strategy="similarity:2", reward_source="held_out"), "'similarity:2' does not read reward_source"),
+        (dict(tying_strategy="random", q_ridge=3.0), r"'random' does not read q_ridge: leave it unset \(it reads tying_interval"),
+        (dict(reward_batch_size=8), "reward_batch_size is only read with reward_source='held_out'"),
+        # max_distinct_blocks is dlt's and random's cap: similarity:U and static maps fix their own.
+        (dict(tying_strategy="similarity:3", max_distinct_blocks=2), "'similarity:3' does not read max_distinct_blocks"),
+        (dict(tying_strategy="static:all", max_distinct_blocks=2), "'static:all' does not read max_distinct_blocks"),
+        # A similarity warm-up as long as the run would never tie.
+        (dict(tying_strategy="similarity:2", similarity_warmup_steps=50, max_steps=12), "similarity_warmup_steps=50 is not below the run's 12"),
+        (dict(tying_strategy="similarity:2", similarity_warmup_steps=12, max_steps=12), "would never be tied"),
     ],
 )
 def test_invalid_arguments_fail_at_construction_naming_the_argument(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         tying_args(tmp_path, **overrides)
+
+
+def test_a_warm_up_as_long_as_an_epoch_based_run_is_refused_before_training(tmp_path):
+    trainer = make_trainer(tmp_path, tying_strategy="similarity:2", max_steps=-1, num_train_epochs=1, similarity_warmup_steps=16)
+    with pytest.raises(ValueError, match="similarity_warmup_steps=16 is not below the run's 16 optimizer steps"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_the_settings_a_strategy_reads_get_their_defaults_and_the_others_stay_unset(tmp_path):
+    static = tying_args(tmp_path, tying_strategy="static:all")
+    assert all(getattr(static, name) is None for name in static.strategy_settings())
+    similarity = tying_args(tmp_path, tying_strategy="similarity:2")
+    assert similarity.similarity_warmup_steps == 0 and similarity.tying_interval is None
+    dlt = TyingTrainingArguments(output_dir=str(tmp_path), seed=7)
+    assert (dlt.tying_interval, dlt.reward_source, dlt.reward_block_cost, dlt.agent_seed) == (15, "train", 0.0, 7)
+    assert dlt.reward_batch_size is None and dlt.similarity_warmup_steps is None
+    held_out = TyingTrainingArguments(output_dir=str(tmp_path), reward_source="held_out")
+    assert held_out.reward_batch_size == 16
 
 
 def test_a_held_out_reward_without_held_out_data_is_rejected(tmp_path):
@@ -454,3 +490,47 @@ def test_decisions_reach_tensorboard(tmp_path):
     assert [event.step for event in distinct][:3] == [0, 2, 4]
     assert [event.value for event in distinct][:3] == [record["distinct_blocks"] for record in trainer.tying_records]
     assert "train/tying/reward" in events.Tags()["scalars"]
+
+
+def test_a_full_disk_during_a_checkpoint_names_the_folder_and_the_checkpoint_to_resume_from(tmp_path, monkeypatch):
+    save = torch.save
+    calls = []
+
+    def disk_full_on_the_second_checkpoint(obj, path, *args, **kwargs):
+        calls.append(str(path))
+        if "checkpoint-4" in str(path):  # what torch reports for a full disk, without saying so
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 512 vs 396")
+        return save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", disk_full_on_the_second_checkpoint)
+    trainer = make_trainer(tmp_path, max_steps=6, save_strategy="steps", save_steps=2)
+    with pytest.raises(RuntimeError) as error:
+        trainer.train()
+    message = str(error.value)
+    assert message.startswith(f"could not write {tmp_path / 'checkpoint-4'} (") and "the disk may be full" in message
+    assert f"re-run the same command: it resumes from {tmp_path / 'checkpoint-2'}, the last complete checkpoint" in message
+    assert "unexpected pos 512 vs 396" in message  # the original error is kept
+
+    monkeypatch.setattr(torch, "save", save)
+    resumed = make_trainer(tmp_path, max_steps=6, save_strategy="steps", save_steps=2)
+    from hf_layertie.trainer.checkpoint_format import last_complete_checkpoint
+
+    assert last_complete_checkpoint(tmp_path) == tmp_path / "checkpoint-2"
+    assert resumed.train(resume_from_checkpoint=str(last_complete_checkpoint(tmp_path))).global_step == 6
+
+
+def test_a_checkpoint_at_max_steps_is_finished_from_without_a_step_more(tmp_path):
+    overrides = dict(max_steps=12, save_strategy="steps", save_steps=4, lr_scheduler_type="constant")
+    uninterrupted = make_trainer(tmp_path / "full", **overrides)
+    uninterrupted.train()
+
+    finished = make_trainer(tmp_path / "finished", **overrides)
+    result = finished.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-12"))
+
+    assert result.global_step == finished.state.global_step == 12
+    assert finished.tying_records == uninterrupted.tying_records  # the last decision rewarded as in the full run
+    assert len(finished.tying_records) == 6
+    for name, tensor in uninterrupted.model.state_dict().items():
+        assert torch.equal(finished.model.state_dict()[name], tensor), name
+    history = (tmp_path / "finished" / TYING_HISTORY_NAME).read_text().splitlines()
+    assert [json.loads(line) for line in history] == uninterrupted.tying_records

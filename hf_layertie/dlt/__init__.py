@@ -1,7 +1,7 @@
 """Dynamic Layer Tying's decision maker, usable without the Trainer: agents, reward, controller, synthetic problem."""
 
 from .agent import AfterstateAgent, Decision, PaperAgent, RandomAgent, TyingAgent, make_agent
-from .config import VARIANT_DEFAULTS, VARIANTS, AgentConfig
+from .agent_config import VARIANT_DEFAULTS, VARIANTS, AgentConfig
 from .controller import TyingController
 from .reward import TyingReward
 from .synthetic import SyntheticTyingProblem, run_synthetic

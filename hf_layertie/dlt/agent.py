@@ -28,7 +28,7 @@ import torch
 from torch.nn import functional as F
 
 from ..models.tying_map import TyingMap
-from .config import AgentConfig
+from .agent_config import AgentConfig
 from .value import AfterstateValue, PaperQNetwork
 
 
@@ -61,7 +61,7 @@ class TyingAgent:
             raise ValueError(f"num_blocks must be an integer >= 2 (block 0 never decides), got {num_blocks!r}")
         self.num_blocks = num_blocks
         self.config = AgentConfig() if config is None else config
-        self.generator = torch.Generator().manual_seed(self.config.seed)
+        self.generator = torch.Generator().manual_seed(self.config.agent_seed)
 
     def block_of(self, index: int) -> int:
         """The block that decision number `index` is about: blocks 1..L-1 in turn."""
@@ -150,16 +150,16 @@ class AfterstateAgent(TyingAgent):
 
     def __init__(self, num_blocks: int, config: AgentConfig | None = None):
         super().__init__(num_blocks, config)
-        self.value = AfterstateValue(num_blocks, self.config.forgetting, self.config.ridge)
+        self.value = AfterstateValue(num_blocks, self.config.q_forgetting, self.config.q_ridge)
 
     def scores(self, tying_map: TyingMap, block: int, options: list[int]) -> torch.Tensor:
         return self.value.values([tying_map.with_decision(block, source) for source in options])
 
     def _learn(self, decision: Decision, reward: float) -> float:
         target = reward
-        if self.config.gamma > 0:
+        if self.config.q_gamma > 0:
             block, options = self._next_options(decision)
-            target += self.config.gamma * float(self.scores(decision.new_map, block, options).max())
+            target += self.config.q_gamma * float(self.scores(decision.new_map, block, options).max())
         return self.value.update(decision.new_map, decision.index, target) ** 2
 
     def advantage(self, decision: Decision, reward: float) -> float:
@@ -190,9 +190,9 @@ class PaperAgent(TyingAgent):
         super().__init__(num_blocks, config)
         with torch.random.fork_rng(devices=[]):  # nn.Linear draws its initialisation from the global RNG
             torch.manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
-            self.q_network = PaperQNetwork(num_blocks, self.config.hidden_size)
+            self.q_network = PaperQNetwork(num_blocks, self.config.q_hidden_size)
         self.optimizer = torch.optim.AdamW(
-            self.q_network.parameters(), lr=self.config.learning_rate, weight_decay=self.config.weight_decay
+            self.q_network.parameters(), lr=self.config.q_learning_rate, weight_decay=self.config.q_weight_decay
         )
 
     def epsilon(self, index: int, planned_decisions: int) -> float:
@@ -209,7 +209,7 @@ class PaperAgent(TyingAgent):
     def _learn(self, decision: Decision, reward: float) -> float:
         with torch.no_grad():
             bootstrap = self.q_network.block_q_values(decision.new_map, decision.block).max()
-        target = reward + self.config.gamma * bootstrap
+        target = reward + self.config.q_gamma * bootstrap
         predicted = self.q_network.block_q_values(decision.old_map, decision.block)[decision.source]
         loss = F.mse_loss(predicted, target)
         self.optimizer.zero_grad(set_to_none=True)
@@ -237,8 +237,8 @@ class RandomAgent(TyingAgent):
 
 
 def make_agent(num_blocks: int, config: AgentConfig | None = None, random_actions: bool = False) -> TyingAgent:
-    """The agent of `config.variant`, or the random ablation with the same options and cap."""
+    """The agent of `config.dlt_variant`, or the random ablation with the same options and cap."""
     config = AgentConfig() if config is None else config
     if random_actions:
         return RandomAgent(num_blocks, config)
-    return {"default": AfterstateAgent, "paper": PaperAgent}[config.variant](num_blocks, config)
+    return {"default": AfterstateAgent, "paper": PaperAgent}[config.dlt_variant](num_blocks, config)

@@ -1,13 +1,11 @@
-"""`TyingController`: the one owner of a run's tying decisions.
+"""`TyingController`: an agent's decisions and their rewards, without a model or a training loop.
 
-It holds the agent, the reward, the decision waiting for its reward, the loss of the steps since that decision
-and the log of decisions, and it checkpoints all of them as one state dict. The `TyingTrainer` only feeds it
-losses and applies the maps it returns; `hf_layertie.dlt.synthetic` drives the same object without a model.
+It holds the agent, the reward, the decision waiting for its reward and the log of decisions, and it
+checkpoints all of them as one state dict. `hf_layertie.decisions.AgentDecisions` runs it inside training
+(it adds the schedule and measures the loss of each window); `hf_layertie.dlt.synthetic` drives it without a model.
 
-    controller.observe_loss(loss)                       # every training micro-batch
-    window_loss = controller.take_window_sum() / steps_since_the_pending_decision
-    row = controller.decide(step, model.tying_map, planned_decisions, window_loss)
-    model.retie(row["map"])
+    completed, pending = controller.decide(step, tying_map, planned_decisions, window_loss)
+    model.retie(pending["map"])
     ...
     controller.finish(window_loss)                      # at the end of training: the last decision's reward
 
@@ -19,8 +17,6 @@ from __future__ import annotations
 
 import copy
 import math
-
-import torch
 
 from ..models.tying_map import TyingMap
 from .agent import AfterstateAgent, Decision, TyingAgent
@@ -48,31 +44,22 @@ class TyingController:
         self.rows: list[dict] = []
         self.pending: Decision | None = None
         self.pending_row: dict | None = None
-        self._window_loss_sum: torch.Tensor | float = 0.0
 
     @property
     def records(self) -> list[dict]:
         """Every decision so far, the pending one included (what the map was at each step)."""
         return self.rows + ([self.pending_row] if self.pending_row is not None else [])
 
-    def observe_loss(self, loss: torch.Tensor | float) -> None:
-        """Add one training loss (as the Trainer returns it, scaled for gradient accumulation) to the window of
-        the pending decision. Tensors are added without synchronising the device."""
-        self._window_loss_sum = self._window_loss_sum + (loss.detach() if torch.is_tensor(loss) else loss)
-
-    def take_window_sum(self) -> float:
-        """The sum of the losses observed since the last call; resets it. Divided by the optimizer steps since the
-        pending decision, it is the mean training loss of the window, as the Trainer logs its loss."""
-        window_sum, self._window_loss_sum = float(self._window_loss_sum), 0.0
-        return window_sum
-
-    def decide(self, step: int, tying_map: TyingMap, planned_decisions: int, window_loss: float | None) -> dict:
-        """Reward the pending decision with `window_loss`, then propose the next one; returns the new pending row.
+    def decide(
+        self, step: int, tying_map: TyingMap, planned_decisions: int, window_loss: float | None
+    ) -> tuple[dict | None, dict]:
+        """Reward the pending decision with `window_loss`, then propose the next one; returns the row it completed
+        (None when nothing was pending) and the new pending row.
 
         `window_loss` is the loss of the steps since the pending decision (None when nothing is pending or no
         loss was measured: the pending decision then gets no reward).
         """
-        self._complete_pending(window_loss)
+        completed = self._complete_pending(window_loss)
         index = len(self.rows)
         decision = self.agent.propose(tying_map, index, planned_decisions)
         self.pending = decision
@@ -87,7 +74,14 @@ class TyingController:
             "map_text": decision.new_map.render(),
             "distinct_blocks": decision.new_map.num_distinct,
         }
-        return self.pending_row
+        return completed, self.pending_row
+
+    def follow(self, completed: dict | None, pending: dict | None) -> None:
+        """Keep the log of a process whose agent does not decide in step with the main process's: `completed` and
+        `pending` are what `decide` or `finish` returned there."""
+        if completed is not None:
+            self.rows.append(completed)
+        self.pending_row = pending
 
     def finish(self, window_loss: float | None) -> dict | None:
         """Reward the last decision with the loss of the steps after it; returns its completed row."""
@@ -108,7 +102,7 @@ class TyingController:
         return row
 
     def state_dict(self) -> dict:
-        """Agent, pending decision, window so far and log; plain types and tensors (`weights_only=True` loads it)."""
+        """Agent, pending decision and log; plain types and tensors (`weights_only=True` loads it)."""
         pending = None
         if self.pending is not None:
             pending = {
@@ -122,20 +116,19 @@ class TyingController:
             }
         return {
             "agent": self.agent.state_dict(),
-            "reward": {"kind": self.reward.kind, "block_cost": self.reward.block_cost},
+            "reward": {"kind": self.reward.kind, "reward_block_cost": self.reward.reward_block_cost},
             "rows": copy.deepcopy(self.rows),
             "pending": pending,
             "pending_row": copy.deepcopy(self.pending_row),
-            "window_loss_sum": float(self._window_loss_sum),
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what `state_dict` returned: the run then continues exactly as the saved one would."""
-        missing = {"agent", "reward", "rows", "pending", "pending_row", "window_loss_sum"} - set(state)
+        missing = {"agent", "reward", "rows", "pending", "pending_row"} - set(state)
         if missing:
             raise ValueError(f"tying state is missing {sorted(missing)}; expected the keys of TyingController.state_dict()")
         saved_reward = state["reward"]
-        if saved_reward != {"kind": self.reward.kind, "block_cost": self.reward.block_cost}:
+        if saved_reward != {"kind": self.reward.kind, "reward_block_cost": self.reward.reward_block_cost}:
             raise ValueError(f"the saved reward {saved_reward} differs from this run's {self.reward}")
         self.agent.load_state_dict(state["agent"])
         self.rows = copy.deepcopy(state["rows"])
@@ -152,7 +145,6 @@ class TyingController:
                 new_map=TyingMap(pending["new_map"]),
             )
         self.pending_row = copy.deepcopy(state["pending_row"])
-        self._window_loss_sum = state["window_loss_sum"]
 
 
 def _finite_or_none(value: float | None) -> float | None:

@@ -1,7 +1,7 @@
 """The reward of a tying decision, from the loss of the `k` training steps that follow it.
 
-    default variant:  reward = -loss - block_cost * distinct_blocks
-    paper variant:    reward = clip(-exp(loss), -10, 10) - block_cost * distinct_blocks
+    default variant:  reward = -loss - reward_block_cost * distinct_blocks
+    paper variant:    reward = clip(-exp(loss), -10, 10) - reward_block_cost * distinct_blocks
 
 `loss` is the mean training loss over the `k` optimizer steps after the decision (`reward_source="train"`,
 free: the Trainer computes it anyway, and each batch is scored before the model trains on it) or the loss of a
@@ -14,7 +14,7 @@ variant keeps it, to be faithful.
 
 The loss falls through training whatever the agent does, so the reward has a trend; the default agent
 estimates that trend jointly with the value of each map (`AfterstateValue`) and learns only from what the
-trend does not explain; its per-decision `advantage` is logged. `block_cost` says how many nats of loss one
+trend does not explain; its per-decision `advantage` is logged. `reward_block_cost` says how many nats of loss one
 more block that owns weights is worth (0: quality only; `max_distinct_blocks` is the hard limit on memory).
 """
 
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Real
 
+from ..checks import check_real
 from ..models.tying_map import TyingMap
 
 REWARD_KINDS = ("negative_loss", "clipped_negative_perplexity")
@@ -36,23 +36,21 @@ class TyingReward:
 
     Args:
         kind: `"negative_loss"` (default variant) or `"clipped_negative_perplexity"` (paper variant).
-        block_cost: nats charged per block that owns weights; 0 rewards quality only.
+        reward_block_cost: nats charged per block that owns weights; 0 rewards quality only.
     """
 
     kind: str = "negative_loss"
-    block_cost: float = 0.0
+    reward_block_cost: float = 0.0
 
     def __post_init__(self):
         if self.kind not in REWARD_KINDS:
             raise ValueError(f"kind must be one of {', '.join(map(repr, REWARD_KINDS))}, got {self.kind!r}")
-        cost = self.block_cost
-        if isinstance(cost, bool) or not isinstance(cost, Real) or not 0 <= cost < math.inf:
-            raise ValueError(f"block_cost must be a finite number >= 0 (nats per distinct block), got {cost!r}")
+        check_real("reward_block_cost", self.reward_block_cost, 0.0, math.inf, high_open=True)
 
     @classmethod
-    def for_variant(cls, variant: str, block_cost: float = 0.0) -> TyingReward:
+    def for_variant(cls, variant: str, reward_block_cost: float = 0.0) -> TyingReward:
         """The reward each agent variant learns from."""
-        return cls(kind=REWARD_OF_VARIANT[variant], block_cost=block_cost)
+        return cls(kind=REWARD_OF_VARIANT[variant], reward_block_cost=reward_block_cost)
 
     def __call__(self, loss: float, tying_map: TyingMap) -> float:
         """A non-finite loss gives a NaN reward, which the agents skip."""
@@ -63,4 +61,4 @@ class TyingReward:
             quality = -loss
         else:  # -perplexity is never above 0, so only the lower clip bound can apply
             quality = max(-10.0, -math.exp(min(loss, 700.0)))
-        return quality - self.block_cost * tying_map.num_distinct
+        return quality - self.reward_block_cost * tying_map.num_distinct

@@ -43,8 +43,8 @@ class AfterstateValue:
 
     Args:
         num_blocks: blocks of the model.
-        forgetting: weight factor per update (`AgentConfig.forgetting`).
-        ridge: prior precision of every weight (`AgentConfig.ridge`).
+        forgetting: weight factor per update (`AgentConfig.q_forgetting`).
+        ridge: prior precision of every weight (`AgentConfig.q_ridge`).
     """
 
     def __init__(self, num_blocks: int, forgetting: float, ridge: float):

@@ -11,22 +11,23 @@ Metrics (`eval_lambada_accuracy`, `eval_lambada_perplexity`, ...) go through the
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
-from transformers import DataCollatorForLanguageModeling, set_seed
+from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, set_seed
 
 from ..data import LAMBADA_TEST_FILE
-from ..language_modeling.arguments import ModelArguments, parse_command_line
-from ..language_modeling.run import CAUSAL_LM
 from ..toolkit import (
+    ModelArguments,
     checkpoint_to_resume,
     load_model,
     load_tokenizer,
+    parse_command_line,
+    process_group_ended,
     resolve_block_size,
     set_up_logging,
     split_reward_examples,
     tied_model_type,
+    tied_model_types,
 )
 from ..trainer import TyingTrainer, TyingTrainingArguments
 from .evaluation import evaluate_lambada
@@ -57,9 +58,16 @@ class LambadaArguments:
 
 
 def run_lambada(argv: list[str] | None = None) -> dict[str, float]:
-    model_args, lambada_args, training_args = parse_command_line(
-        (ModelArguments, LambadaArguments, TyingTrainingArguments), argv
-    )
+    """Evaluate and/or fine-tune; returns the metrics (also written to `output_dir/eval_results.json`)."""
+    with process_group_ended():
+        return _evaluate_and_fine_tune(
+            *parse_command_line((ModelArguments, LambadaArguments, TyingTrainingArguments), argv)
+        )
+
+
+def _evaluate_and_fine_tune(
+    model_args: ModelArguments, lambada_args: LambadaArguments, training_args: TyingTrainingArguments
+) -> dict[str, float]:
     if model_args.model_name_or_path is None:
         raise ValueError("--model_name_or_path is required: the causal checkpoint to evaluate or fine-tune")
     if not (training_args.do_train or training_args.do_eval):
@@ -71,7 +79,7 @@ def run_lambada(argv: list[str] | None = None) -> dict[str, float]:
     hub_options = model_args.hub_options
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, **hub_options)
     model_type = tied_model_type(model_args.model_name_or_path, model_args.model_type, **hub_options)
-    if model_type not in CAUSAL_LM.model_types:
+    if model_type not in tied_model_types(AutoModelForCausalLM):
         raise ValueError(f"--model_name_or_path {model_args.model_name_or_path}: LAMBADA needs a causal model, got {model_type!r}")
     model = load_model(model_type, tokenizer, model_args.model_name_or_path, **hub_options)
     card = {"dataset_names": ["lambada"], "base_model": model_args.model_name_or_path}
@@ -84,7 +92,7 @@ def run_lambada(argv: list[str] | None = None) -> dict[str, float]:
         # Evaluation only: no tying decision runs, the checkpoint's own map is scored as it is.
         trainer = TyingTrainer(
             model=model,
-            args=dataclasses.replace(training_args, tying_strategy="none", tying_initial_map=None),
+            args=training_args.without_tying(),
             processing_class=tokenizer,
             model_card_kwargs=card,
         )
@@ -106,7 +114,6 @@ def run_lambada(argv: list[str] | None = None) -> dict[str, float]:
         trainer.log_metrics("eval", metrics)
         trainer.save_metrics("eval", metrics)
         trainer.create_model_card(eval_results={"lambada": scores})
-    trainer.accelerator.end_training()  # see language_modeling.run: destroys the process group before exit
     return metrics
 
 
@@ -115,7 +122,7 @@ def _fine_tune(model, tokenizer, passages, lambada_args, training_args, card) ->
         tokenizer.pad_token = tokenizer.eos_token
     block_size = resolve_block_size(lambada_args.block_size, model.config.max_position_embeddings)
     train_dataset, reward_dataset = lambada_causal_lm_dataset(passages, tokenizer, block_size), None
-    if training_args.is_dynamic and training_args.reward_source == "held_out":
+    if training_args.reward_source == "held_out":
         train_dataset, reward_dataset = split_reward_examples(train_dataset, training_args.reward_batch_size)
     trainer = TyingTrainer(
         model=model,

@@ -1,6 +1,6 @@
 """The workflow shared by `run_clm.py` (tied causal LMs) and `run_mlm.py` (tied BERT)."""
 
-from .arguments import DataTrainingArguments, ModelArguments, parse_command_line
+from .arguments import DataTrainingArguments
 from .run import CAUSAL_LM, MASKED_LM, LanguageModelingTask, parse_arguments, run
 
 __all__ = [
@@ -8,8 +8,6 @@ __all__ = [
     "MASKED_LM",
     "DataTrainingArguments",
     "LanguageModelingTask",
-    "ModelArguments",
     "parse_arguments",
-    "parse_command_line",
     "run",
 ]

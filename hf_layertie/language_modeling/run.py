@@ -15,28 +15,39 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from accelerate import PartialState
-from transformers import DataCollatorForLanguageModeling, PreTrainedModel, default_data_collator, pipeline, set_seed
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    DataCollatorForLanguageModeling,
+    PreTrainedModel,
+    default_data_collator,
+    pipeline,
+    set_seed,
+)
 
-from ..models import TIED_MODELS
 from ..trainer import TyingTrainer, TyingTrainingArguments
 from ..toolkit import (
+    ModelArguments,
     bigram_loss,
     checkpoint_to_resume,
     finished_training_step,
     load_model,
     load_text_datasets,
     load_tokenizer,
+    missing_checkpoint_files,
+    parse_command_line,
+    process_group_ended,
     resolve_block_size,
     set_up_logging,
     split_reward_examples,
     take_first,
     text_column,
     tied_model_type,
+    tied_model_types,
     tokenize_and_group,
     unigram_loss,
 )
-from .arguments import DataTrainingArguments, ModelArguments, parse_command_line
+from .arguments import DataTrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +81,10 @@ class LanguageModelingTask:
         )
 
 
-CAUSAL_LM = LanguageModelingTask(
-    "clm", tuple(name for name, (_, auto) in TIED_MODELS.items() if auto.__name__ == "AutoModelForCausalLM"), "shakespeare-bpe", False
-)
-MASKED_LM = LanguageModelingTask(
-    "mlm", tuple(name for name, (_, auto) in TIED_MODELS.items() if auto.__name__ == "AutoModelForMaskedLM"), "shakespeare-wordpiece", True
-)
+CAUSAL_LM = LanguageModelingTask("clm", tied_model_types(AutoModelForCausalLM), "shakespeare-bpe", False)
+MASKED_LM = LanguageModelingTask("mlm", tied_model_types(AutoModelForMaskedLM), "shakespeare-wordpiece", True)
+# What a training run leaves in output_dir besides a complete checkpoint's files (the final model's).
+FINAL_OUTPUTS = ("all_results.json", "README.md")
 ArgumentTuple = tuple[ModelArguments, DataTrainingArguments, TyingTrainingArguments]
 
 
@@ -95,11 +104,8 @@ def parse_arguments(task: LanguageModelingTask, argv: list[str] | None = None) -
 
 def run(task: LanguageModelingTask, argv: list[str] | None = None) -> dict[str, float]:
     """Train and/or evaluate; returns the metrics (also written to `output_dir/all_results.json`)."""
-    metrics = _train_and_evaluate(task, *parse_arguments(task, argv))
-    # Parsing the arguments joined the process group under `accelerate launch`; gloo aborts the interpreter at exit
-    # (SIGABRT) unless it is destroyed, whichever way the run ended (a finished run re-run included).
-    PartialState().destroy_process_group()
-    return metrics
+    with process_group_ended():
+        return _train_and_evaluate(task, *parse_arguments(task, argv))
 
 
 def _train_and_evaluate(
@@ -109,13 +115,17 @@ def _train_and_evaluate(
     training_args: TyingTrainingArguments,
 ) -> dict[str, float]:
     set_up_logging(training_args.get_process_log_level())
-    finished = finished_training_step(training_args.output_dir, training_args.max_steps) if training_args.do_train else None
+    output_dir = training_args.output_dir
+    finished = finished_training_step(output_dir, training_args.max_steps) if training_args.do_train else None
     if finished is not None:
-        logger.warning(
-            f"Training in {training_args.output_dir} already finished at step {finished}: nothing is trained or changed. "
-            f"Pass a larger --max_steps to continue it, or a new --output_dir to train again."
-        )
-        return _saved_metrics(training_args.output_dir)
+        missing = _missing_final_outputs(output_dir)
+        if not missing:
+            logger.warning(
+                f"Training in {output_dir} already finished at step {finished}: nothing is trained or changed. "
+                f"Pass a larger --max_steps to continue it, or a new --output_dir to train again."
+            )
+            return _saved_metrics(output_dir)
+        logger.warning(f"Training in {output_dir} finished at step {finished} without {', '.join(missing)}: producing them")
     set_seed(training_args.seed)
 
     raw = load_text_datasets(
@@ -139,9 +149,10 @@ def _train_and_evaluate(
         block_size,
         num_proc=data_args.preprocessing_num_workers,
         special_tokens_mask=task.masked,
+        source=_data_source(data_args),
     )
     train_dataset, reward_dataset = grouped["train"], None
-    if training_args.is_dynamic and training_args.reward_source == "held_out":
+    if training_args.reward_source == "held_out":
         train_dataset, reward_dataset = split_reward_examples(train_dataset, training_args.reward_batch_size)
     train_dataset = take_first(train_dataset, data_args.max_train_samples)
     eval_dataset = take_first(grouped["validation"], data_args.max_eval_samples)
@@ -158,7 +169,9 @@ def _train_and_evaluate(
 
     metrics: dict[str, float] = {}
     if training_args.do_train:
-        resume = checkpoint_to_resume(training_args.output_dir, training_args.resume_from_checkpoint)
+        # A finished run whose last outputs were lost is finished from its final model (no step is trained).
+        complete = finished is not None and not missing_checkpoint_files(output_dir)
+        resume = output_dir if complete else checkpoint_to_resume(output_dir, training_args.resume_from_checkpoint)
         train_result = trainer.train(resume_from_checkpoint=resume)
         trainer.save_model()
         metrics.update(train_result.metrics, train_samples=len(train_dataset))
@@ -248,6 +261,22 @@ def _fill_mask_sample(model, tokenizer, block: list[int]) -> str:
     guesses = fill_mask(tokenizer.decode(masked), top_k=3)
     answers = ", ".join(f"{guess['token_str']!r} ({guess['score']:.2f})" for guess in guesses)
     return f"[text]   {tokenizer.decode(masked)}\n[truth]  {pieces[position]!r}\n[model]  {answers}"
+
+
+def _missing_final_outputs(output_dir: str) -> list[str]:
+    """What a finished training run in `output_dir` should have left and has not."""
+    present = [name for name in FINAL_OUTPUTS if (Path(output_dir) / name).is_file()]
+    return missing_checkpoint_files(output_dir) + [name for name in FINAL_OUTPUTS if name not in present]
+
+
+def _data_source(data_args: DataTrainingArguments) -> str:
+    """Where the text came from, as the user named it (for errors about its rows)."""
+    if data_args.dataset_name is not None:
+        return f"--dataset_name {data_args.dataset_name}"
+    if data_args.train_file is not None:
+        files = [data_args.train_file] + ([data_args.validation_file] if data_args.validation_file else [])
+        return f"--train_file/--validation_file {' / '.join(files)}"
+    return "the embedded Shakespeare corpus"
 
 
 def _saved_metrics(output_dir: str) -> dict[str, float]:

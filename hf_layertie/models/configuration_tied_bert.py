@@ -2,7 +2,7 @@
 
 from transformers import BertConfig
 
-from .tying_config import TyingConfigMixin
+from .configuration_tying import TyingConfigMixin
 
 
 class TiedBertConfig(TyingConfigMixin, BertConfig):
@@ -12,9 +12,6 @@ class TiedBertConfig(TyingConfigMixin, BertConfig):
     """
 
     model_type = "tied_bert"
-
-    tying_map: list | None = None
-    tie_init: str = "root"
 
 
 __all__ = ["TiedBertConfig"]

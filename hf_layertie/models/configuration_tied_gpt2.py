@@ -2,7 +2,7 @@
 
 from transformers import GPT2Config
 
-from .tying_config import TyingConfigMixin
+from .configuration_tying import TyingConfigMixin
 
 
 class TiedGPT2Config(TyingConfigMixin, GPT2Config):
@@ -22,9 +22,6 @@ class TiedGPT2Config(TyingConfigMixin, GPT2Config):
     """
 
     model_type = "tied_gpt2"
-
-    tying_map: list | None = None
-    tie_init: str = "root"
 
 
 __all__ = ["TiedGPT2Config"]

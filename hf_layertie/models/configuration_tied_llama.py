@@ -2,7 +2,7 @@
 
 from transformers import LlamaConfig
 
-from .tying_config import TyingConfigMixin
+from .configuration_tying import TyingConfigMixin
 
 
 class TiedLlamaConfig(TyingConfigMixin, LlamaConfig):
@@ -22,9 +22,6 @@ class TiedLlamaConfig(TyingConfigMixin, LlamaConfig):
     """
 
     model_type = "tied_llama"
-
-    tying_map: list | None = None
-    tie_init: str = "root"
 
 
 __all__ = ["TiedLlamaConfig"]

@@ -2,7 +2,7 @@
 
 from transformers import MistralConfig
 
-from .tying_config import TyingConfigMixin
+from .configuration_tying import TyingConfigMixin
 
 
 class TiedMistralConfig(TyingConfigMixin, MistralConfig):
@@ -12,9 +12,6 @@ class TiedMistralConfig(TyingConfigMixin, MistralConfig):
     """
 
     model_type = "tied_mistral"
-
-    tying_map: list | None = None
-    tie_init: str = "root"
 
 
 __all__ = ["TiedMistralConfig"]

@@ -2,7 +2,7 @@
 
 from transformers import Qwen2Config
 
-from .tying_config import TyingConfigMixin
+from .configuration_tying import TyingConfigMixin
 
 
 class TiedQwen2Config(TyingConfigMixin, Qwen2Config):
@@ -13,9 +13,6 @@ class TiedQwen2Config(TyingConfigMixin, Qwen2Config):
     """
 
     model_type = "tied_qwen2"
-
-    tying_map: list | None = None
-    tie_init: str = "root"
 
 
 __all__ = ["TiedQwen2Config"]

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from .tying_config import TYING_FIELDS
+from .configuration_tying import TYING_FIELDS
 from .tying_map import TyingMap
 
 # Config keys that name the tied classes; a plain config (`to_untied`) leaves them out with the tying fields.
@@ -52,6 +52,14 @@ class RetieReport:
     @property
     def changed(self) -> bool:
         return self.old_map != self.new_map
+
+
+def _is_fsdp_sharded(module: nn.Module) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
 
 
 @dataclass(frozen=True)
@@ -174,6 +182,11 @@ class TiedBlocksMixin:
         (`removed`). A move changes the order of `named_parameters()` (an optimizer that keeps its groups in that
         order, as `TyingTrainer` does, re-sorts them).
         """
+        if _is_fsdp_sharded(self):
+            raise RuntimeError(
+                f"this {type(self).__name__} is sharded with FSDP2, which keeps the groups it was sharded with: "
+                f"re-tie it with hf_layertie.retie_sharded(model, optimizer, new_map) on every process"
+            )
         old_map = self.tying_map
         new_map = TyingMap(new_map, num_blocks=len(self.tied_blocks))
         owned = {root: _block_parameters(self.tied_blocks[root]) for root in old_map.independent_blocks}
@@ -387,6 +400,14 @@ class TiedBlocksMixin:
         }
         plain = plain_class(plain_class.config_class.from_dict(config_dict)).to(device=self.device, dtype=self.dtype)
         plain.load_state_dict(self.state_dict())
+        # Buffers keep this model's dtypes: casting them with the weights would turn rotary `inv_freq` (float32
+        # in a half-precision model loaded by transformers) into half precision and change the logits.
+        own_buffers = dict(self.named_buffers(remove_duplicate=False))
+        for name, _ in plain.named_buffers(remove_duplicate=False):
+            module_name, _, buffer_name = name.rpartition(".")
+            module = plain.get_submodule(module_name)
+            persistent = buffer_name not in module._non_persistent_buffers_set
+            module.register_buffer(buffer_name, own_buffers[name].clone(), persistent=persistent)
         if self.can_generate():
             plain.generation_config = copy.deepcopy(self.generation_config)
         return plain.train(self.training)

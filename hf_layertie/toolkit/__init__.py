@@ -1,6 +1,8 @@
-"""The toolkit every script shares (`run_clm.py`, `run_mlm.py`, `run_lambada.py`, `bench/`): data, tokenizers and
-models, resuming, logging, the reward batch and count baselines. Every function takes plain values."""
+"""The toolkit every script shares (`run_clm.py`, `run_mlm.py`, `run_lambada.py`, `bench/`): arguments, data,
+tokenizers and models, resuming, logging, ending the process group, the reward batch and count baselines. Every
+function takes plain values."""
 
+from .arguments import ModelArguments, parse_command_line
 from .baselines import bigram_loss, unigram_loss
 from .checkpoints import checkpoint_to_resume, finished_training_step, last_complete_checkpoint, missing_checkpoint_files
 from .data import (
@@ -12,10 +14,12 @@ from .data import (
     tokenize_and_group,
 )
 from .logs import set_up_logging
-from .models import SHIPPED_TOKENIZERS, check_tied_model_type, load_model, load_tokenizer, tied_model_type
+from .models import SHIPPED_TOKENIZERS, check_tied_model_type, load_model, load_tokenizer, tied_model_type, tied_model_types
+from .processes import process_group_ended
 
 __all__ = [
     "SHIPPED_TOKENIZERS",
+    "ModelArguments",
     "bigram_loss",
     "check_tied_model_type",
     "checkpoint_to_resume",
@@ -25,12 +29,15 @@ __all__ = [
     "load_text_datasets",
     "load_tokenizer",
     "missing_checkpoint_files",
+    "parse_command_line",
+    "process_group_ended",
     "resolve_block_size",
     "set_up_logging",
     "split_reward_examples",
     "take_first",
     "text_column",
     "tied_model_type",
+    "tied_model_types",
     "tokenize_and_group",
     "unigram_loss",
 ]

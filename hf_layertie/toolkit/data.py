@@ -121,14 +121,25 @@ def tokenize_and_group(
     block_size: int,
     num_proc: int | None = None,
     special_tokens_mask: bool = False,
+    source: str = "the data",
 ) -> datasets.DatasetDict:
     """Tokenize every row, concatenate and cut into `block_size` chunks (the remainder is dropped).
 
     Causal LM chunks get `labels` (the model shifts them); masked LM asks for the special-tokens mask so the
-    collator never masks [CLS] / [SEP]. The main process works first; the others read its cache.
+    collator never masks [CLS] / [SEP]. The main process works first; the others read its cache. A text column
+    that is not text (numbers, nulls) is refused naming `source` (the flag and file it came from), the column and
+    the row.
     """
+    for split in raw:
+        _check_text_feature(raw[split], column, f"the {split} split of {source}")
 
-    def tokenize(batch):
+    def tokenize(batch, indices, where):
+        for index, text in zip(indices, batch[column]):
+            if not isinstance(text, str):
+                raise ValueError(
+                    f"Row {index} of {where} holds {text!r} in the text column {column!r}: every row needs a string "
+                    f"(fix the row, or pick another column with --text_column_name)"
+                )
         return tokenizer(batch[column], return_special_tokens_mask=special_tokens_mask)
 
     def group(batch):
@@ -143,8 +154,19 @@ def tokenize_and_group(
         return chunks
 
     with PartialState().main_process_first():
-        tokenized = raw.map(
-            tokenize, batched=True, num_proc=num_proc, remove_columns=raw[next(iter(raw))].column_names, desc="Tokenizing"
+        tokenized = datasets.DatasetDict(
+            {
+                split: dataset.map(
+                    tokenize,
+                    fn_kwargs={"where": f"the {split} split of {source}"},
+                    batched=True,
+                    with_indices=True,
+                    num_proc=num_proc,
+                    remove_columns=dataset.column_names,
+                    desc="Tokenizing",
+                )
+                for split, dataset in raw.items()
+            }
         )
         grouped = tokenized.map(group, batched=True, num_proc=num_proc, desc=f"Grouping into blocks of {block_size}")
     for split, blocks in grouped.items():
@@ -153,6 +175,15 @@ def tokenize_and_group(
                 f"The {split} split holds fewer than --block_size={block_size} tokens: lower --block_size or add data"
             )
     return grouped
+
+
+def _check_text_feature(dataset: datasets.Dataset, column: str, where: str) -> None:
+    feature = dataset.features[column]
+    if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string", "null")):
+        raise ValueError(
+            f"The text column {column!r} of {where} holds {feature}, not text: pick the column of strings with "
+            f"--text_column_name (columns: {dataset.column_names})"
+        )
 
 
 def split_reward_examples(train: datasets.Dataset, count: int) -> tuple[datasets.Dataset, datasets.Dataset]:

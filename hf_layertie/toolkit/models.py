@@ -10,6 +10,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedT
 
 from ..data import embedded_tokenizer_dir
 from ..models import TIED_MODELS
+from ..trainer.checkpoint_format import WEIGHTS_FILES
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +23,12 @@ SHIPPED_TOKENIZERS = {
     "shakespeare-bpe": "shakespeare-bpe",
     "shakespeare-wordpiece": "shakespeare-wordpiece",
 }
+
+def tied_model_types(auto_class: type) -> tuple[str, ...]:
+    """The tied model types registered for `auto_class` (`AutoModelForCausalLM`, ...), in `TIED_MODELS` order."""
+    return tuple(name for name, (_, auto) in TIED_MODELS.items() if auto is auto_class)
+
+
 # A model built from scratch larger than this is almost surely a config left at its defaults (Llama's: 7B).
 LARGEST_FROM_SCRATCH = 1_000_000_000
 
@@ -121,7 +128,7 @@ def _from_checkpoint(model_class, name_or_path: str, **hub_options) -> PreTraine
 
 def _weights_file(name_or_path: str) -> str:
     """The weights file of a local checkpoint, for error messages (the folder itself when none is found)."""
-    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
+    for name in WEIGHTS_FILES:
         if os.path.isfile(os.path.join(name_or_path, name)):
             return os.path.join(name_or_path, name)
     return name_or_path

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on training machines
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.colors import ListedColormap  # noqa: E402
+import numpy as np
 
 
 def plot_tying_history(records: list[dict], path: str | Path, final_step: int | None = None) -> Path:
@@ -25,17 +20,18 @@ def plot_tying_history(records: list[dict], path: str | Path, final_step: int | 
     """
     if not records:
         raise ValueError("plot_tying_history needs at least one record with 'step' and 'map'")
+    Figure, ListedColormap, colormaps = require_matplotlib()
     steps = [int(record["step"]) for record in records]
     maps = np.array([record["map"] for record in records], dtype=int)
     end = max(final_step if final_step is not None else steps[-1] + 1, steps[-1] + 1)
     edges = np.array(steps + [end])
     num_blocks = maps.shape[1]
 
-    colours = plt.get_cmap("tab20" if num_blocks > 10 else "tab10")
+    colours = colormaps["tab20" if num_blocks > 10 else "tab10"]
     cmap = ListedColormap([colours(index % colours.N) for index in range(num_blocks)])
-    figure, (map_axis, count_axis) = plt.subplots(
-        2, 1, figsize=(10, 2.0 + 0.35 * num_blocks), sharex=True, gridspec_kw={"height_ratios": [4, 1]}
-    )
+    # The object-oriented API draws into a file without pyplot, so the user's backend and figures are untouched.
+    figure = Figure(figsize=(10, 2.0 + 0.35 * num_blocks))
+    map_axis, count_axis = figure.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [4, 1]})
     mesh = map_axis.pcolormesh(edges, np.arange(num_blocks + 1), maps.T, cmap=cmap, vmin=-0.5, vmax=num_blocks - 0.5)
     map_axis.set_ylabel("block")
     map_axis.set_yticks(np.arange(num_blocks) + 0.5, [str(block) for block in range(num_blocks)])
@@ -53,5 +49,18 @@ def plot_tying_history(records: list[dict], path: str | Path, final_step: int | 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(figure)
     return path
+
+
+def require_matplotlib():
+    """matplotlib's figure, colour map class and colour maps, imported only when a plot is drawn (an optional
+    extra); `TyingTrainer` calls it when it is built, so a missing matplotlib stops a run before it trains."""
+    try:
+        from matplotlib import colormaps
+        from matplotlib.colors import ListedColormap
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError(
+            "Drawing the tying plot needs matplotlib: pip install 'hf-layertie[plot]' (or pass tying_plot=False)"
+        ) from error
+    return Figure, ListedColormap, colormaps

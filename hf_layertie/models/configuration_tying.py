@@ -1,11 +1,12 @@
 """The config side of tying: `tying_map` and `tie_init`, validated, and owned by the model built on the config.
 
-Every tied config (`TiedGPT2Config`, `TiedLlamaConfig`, ...) mixes in `TyingConfigMixin` and declares the two
-fields. Like the other files of this folder it only uses relative imports: it is copied next to checkpoints.
+Every tied config (`TiedGPT2Config`, `TiedLlamaConfig`, ...) mixes in `TyingConfigMixin`, which declares the two
+fields once for all of them. Like the other files of this folder it only uses relative imports: it is copied next to checkpoints.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 
 from .tying_map import TyingMap
@@ -20,6 +21,7 @@ def _check_tie_init(value) -> None:
         raise ValueError(f"tie_init must be one of {TIE_INITS}, got {value!r}")
 
 
+@dataclasses.dataclass(init=False, repr=False, eq=False)
 class TyingConfigMixin:
     r"""The two fields every tied config declares, validated.
 
@@ -45,6 +47,10 @@ class TyingConfigMixin:
     # - `_saved_tying_map`: the map a checkpoint's weights were saved with, when `from_pretrained(path,
     #   tying_map=...)` asks for another; the model built on the config takes it to group the loaded weights.
     __slots__ = ("_tied_model", "_saved_tying_map")
+
+    # Dataclass fields, so that every tied config (a dataclass, as transformers' configs are) inherits them.
+    tying_map: list | None = None
+    tie_init: str = "root"
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)

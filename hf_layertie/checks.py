@@ -1,0 +1,27 @@
+"""Checks of user-given settings that raise one `ValueError` naming the setting, its value and what was expected.
+
+Shared by every layer that takes settings (`dlt.AgentConfig`, `dlt.TyingReward`, `TyingTrainingArguments`), so a
+setting is checked, and its error worded, the same way wherever it is given.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+
+
+def check_integer(name: str, value, minimum: int | None = None) -> None:
+    """Raise unless `value` is an integer (not a bool), at least `minimum` when given, and below 2**63."""
+    in_range = minimum is None or (isinstance(value, Integral) and value >= minimum)
+    if isinstance(value, bool) or not isinstance(value, Integral) or not in_range or abs(int(value)) >= 2**63:
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise ValueError(f"{name} must be an integer{bound} (and below 2**63), got {value!r}")
+
+
+def check_real(name: str, value, low: float, high: float, low_open: bool = False, high_open: bool = False) -> None:
+    """Raise unless `value` is a real number between `low` and `high` (each bound excluded when open)."""
+    is_real = isinstance(value, Real) and not isinstance(value, bool)
+    above = is_real and (value > low if low_open else value >= low)
+    below = is_real and (value < high if high_open else value <= high)
+    if not (above and below):
+        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be a number in {interval}, got {value!r}")

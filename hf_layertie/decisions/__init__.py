@@ -1,0 +1,20 @@
+"""Tying strategies, each one class owning its decisions (`TyingDecisions`), chosen by `tying_strategy`."""
+
+from .agent import AgentDecisions, RandomDecisions
+from .base import TrainingRun, TyingDecisions
+from .fixed import SimilarityDecisions, StaticDecisions
+
+# Every strategy by the word that selects it in `tying_strategy` ("dlt", "static:cycle:4", ...).
+DECISIONS: dict[str, type[TyingDecisions]] = {
+    cls.mode: cls for cls in (AgentDecisions, RandomDecisions, StaticDecisions, SimilarityDecisions, TyingDecisions)
+}
+
+__all__ = [
+    "DECISIONS",
+    "AgentDecisions",
+    "RandomDecisions",
+    "SimilarityDecisions",
+    "StaticDecisions",
+    "TrainingRun",
+    "TyingDecisions",
+]

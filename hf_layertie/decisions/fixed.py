@@ -1,0 +1,102 @@
+"""Strategies with one decision: a static map from step 0, or a map chosen by block similarity after a warm-up."""
+
+from __future__ import annotations
+
+from ..block_similarity import similarity_tying_map
+from ..checks import check_integer
+from ..models.tying_map import TyingMap
+from ..models.tying_strategies import check_static_spec, resolve_tying_map
+from .base import TrainingRun, TyingDecisions
+
+
+class _OneDecision(TyingDecisions):
+    """A strategy whose one decision is logged as the run's single row."""
+
+    needs_tied_model = True
+
+    @property
+    def argument(self) -> str:
+        """What follows `static:` or `similarity:` in `tying_strategy`."""
+        return self.args.tying_strategy.partition(":")[2]
+
+    def _apply(self, run: TrainingRun, tying_map: TyingMap, **extra) -> None:
+        row = {"index": len(self.rows), "step": run.step, **run.apply(tying_map), **extra}
+        self.rows.append(row)
+        run.log(row, None)
+
+
+class StaticDecisions(_OneDecision):
+    """`static:<spec or entries>`: the map is applied when the trainer is built and never changes."""
+
+    mode = "static"
+
+    @classmethod
+    def resolve_arguments(cls, args) -> None:
+        argument = args.tying_strategy.partition(":")[2]
+        if not argument:
+            raise ValueError(f"tying_strategy={args.tying_strategy!r} needs an argument, e.g. 'static:cycle:4' or 'static:0,0,2,2'")
+        try:
+            check_static_spec(argument)
+        except ValueError as error:
+            raise ValueError(f"tying_strategy={args.tying_strategy!r}: {error}") from None
+
+    def __init__(self, args, num_blocks: int):
+        super().__init__(args, num_blocks)
+        try:
+            self.tying_map = resolve_tying_map(self.argument, num_blocks)
+        except ValueError as error:
+            raise ValueError(f"tying_strategy={args.tying_strategy!r} does not fit the model: {error}") from None
+
+    def start(self, run: TrainingRun) -> None:
+        self._apply(run, self.tying_map)
+
+
+class SimilarityDecisions(_OneDecision):
+    """`similarity:U`: every block trains its own weights for `similarity_warmup_steps` steps, then the blocks are
+    tied into U groups by how similarly they transform the current batch (`hf_layertie.block_similarity`)."""
+
+    mode = "similarity"
+    settings = {"similarity_warmup_steps": 0}
+    changes_map = True
+
+    @classmethod
+    def resolve_arguments(cls, args) -> None:
+        argument = args.tying_strategy.partition(":")[2]
+        if not (argument.isdecimal() and int(argument) >= 1):
+            raise ValueError(
+                f"tying_strategy={args.tying_strategy!r}: similarity needs the number of distinct blocks, a positive "
+                f"integer, as in 'similarity:4'"
+            )
+        check_integer("similarity_warmup_steps", args.similarity_warmup_steps, minimum=0)
+        if args.max_steps > 0:
+            _check_warmup_ends(args.similarity_warmup_steps, args.max_steps)
+
+    def __init__(self, args, num_blocks: int):
+        super().__init__(args, num_blocks)
+        self.num_distinct = int(self.argument)
+        if self.num_distinct > num_blocks:
+            raise ValueError(f"tying_strategy={args.tying_strategy!r} asks for more distinct blocks than the model's {num_blocks}")
+
+    def check_run(self, max_steps: int) -> None:
+        _check_warmup_ends(self.args.similarity_warmup_steps, max_steps)
+
+    def is_due(self, step: int) -> bool:
+        return step >= self.args.similarity_warmup_steps and not self.rows
+
+    def decide(self, run: TrainingRun) -> None:
+        with run.timed("decision"):
+            message = None
+            if run.is_main_process:
+                distances = run.block_distances()
+                message = (similarity_tying_map(distances, self.num_distinct).to_list(), distances)
+            entries, distances = run.broadcast(message)
+        self._apply(run, TyingMap(entries), angular_distances=distances)
+
+
+def _check_warmup_ends(warmup_steps: int, max_steps: int) -> None:
+    """A warm-up that lasts the whole run would never tie, while the card reports the similarity strategy."""
+    if warmup_steps >= max_steps:
+        raise ValueError(
+            f"similarity_warmup_steps={warmup_steps} is not below the run's {max_steps} optimizer steps: the blocks "
+            f"would never be tied. Pass a shorter warm-up or more steps"
+        )

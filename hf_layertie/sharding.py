@@ -1,0 +1,136 @@
+"""Sharding tied models with FSDP2 (`torch.distributed.fsdp.fully_shard`), and re-tying them while sharded.
+
+Two facts decide the design (measured on torch 2.13, see the README's "Sharding tied models"):
+
+- Under FSDP2 a Parameter must belong to exactly one FSDP group: blocks that share weights cannot each be sharded
+  on their own ("Parameter ... is shared with a parameter already managed by another FSDP group"). So
+  `shard_tied_model` shards each tie group's blocks together, in one `fully_shard` call, then the root.
+- No engine follows a change of which Parameters are shared: a sharded model keeps computing with the groups it
+  was sharded with, so `model.retie` on it raises. `retie_sharded` re-ties by a round trip: gather the full
+  weights and optimizer state, build the model again, `retie` it, give each Parameter the optimizer state of the
+  weights it continues (a fresh copy takes its source's, as `sync_optimizer_with_model` does on one process),
+  shard it again and load the state into the same optimizer object (so a learning-rate scheduler keeps working).
+
+Every process must call these functions at the same step with the same map: they are collective.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from .models.tied_blocks import TiedBlocksMixin
+from .models.tying_map import TyingMap
+
+_FULL = StateDictOptions(full_state_dict=True)
+
+
+def shard_tied_model(model: TiedBlocksMixin, mesh=None, **fully_shard_kwargs) -> TiedBlocksMixin:
+    """Shard `model` in place with FSDP2: one `fully_shard` per tie group (its blocks together), then the root.
+
+    Args:
+        model: any tied model (`TiedBlocksMixin`), not yet sharded.
+        mesh: the `DeviceMesh` to shard over (`fully_shard`'s default, the world, when None).
+        **fully_shard_kwargs: passed to every `fully_shard` call (`reshard_after_forward`, `mp_policy`, ...).
+
+    Returns the same object, now an `FSDPModule`; `retie_sharded` changes its map.
+    """
+    if not isinstance(model, TiedBlocksMixin):
+        raise TypeError(f"shard_tied_model needs a tied model (TiedBlocksMixin), got {type(model).__name__}")
+    if isinstance(model, FSDPModule):
+        raise ValueError(f"this {type(model).__name__} is sharded already; re-tie it with retie_sharded(model, optimizer, new_map)")
+    unsharded_class = type(model)
+    blocks = model.tied_blocks
+    for group in model.tying_map.groups().values():
+        fully_shard([blocks[index] for index in group], mesh=mesh, **fully_shard_kwargs)
+    fully_shard(model, mesh=mesh, **fully_shard_kwargs)
+    # Kept on the module for `retie_sharded`, which builds the model again and shards it the same way.
+    model._hf_layertie_sharding = {"class": unsharded_class, "mesh": mesh, "kwargs": dict(fully_shard_kwargs)}
+    return model
+
+
+def retie_sharded(
+    model: TiedBlocksMixin, optimizer: torch.optim.Optimizer | None, new_map: TyingMap | Sequence[int]
+) -> TiedBlocksMixin:
+    """Re-tie a model sharded by `shard_tied_model`; returns the new sharded model (use it from now on).
+
+    `optimizer` (built on `model.parameters()`, or None) is kept as an object: its parameter groups are pointed
+    at the new model's Parameters and its state is carried over by name, as `retie` and `sync_optimizer_with_model`
+    do on one process: a Parameter that moved to another block keeps its state, a fresh copy of an untied block
+    starts from its source's state and joins its source's group, state of Parameters that disappeared is dropped.
+    Collective: every process calls it at the same step with the same map.
+    """
+    sharding = _sharding_of(model, "retie_sharded")
+    weights = get_model_state_dict(model, options=_FULL)
+    optimizer_state = get_optimizer_state_dict(model, optimizer, options=_FULL) if optimizer is not None else None
+
+    replica = _unsharded_replica(model, sharding["class"], weights)
+    old_names = {id(parameter): name for name, parameter in replica.named_parameters()}
+    report = replica.retie(new_map)
+    carried_from = {}  # new name -> the old name whose weights (and state) it continues
+    for name, parameter in replica.named_parameters():
+        source = report.copied_from.get(parameter, parameter)
+        carried_from[name] = old_names[id(source)]
+
+    sharded = shard_tied_model(replica, mesh=sharding["mesh"], **sharding["kwargs"])
+    if optimizer is not None:
+        _load_carried_optimizer_state(sharded, optimizer, optimizer_state, carried_from)
+    return sharded
+
+
+def gather_tied_model(model: TiedBlocksMixin) -> TiedBlocksMixin:
+    """An unsharded copy of a model sharded by `shard_tied_model`, with its map and full weights, on every process
+    (collective). Save it from one process: `gather_tied_model(model).save_pretrained(path)` writes a tied checkpoint
+    that `from_pretrained` loads as usual."""
+    sharding = _sharding_of(model, "gather_tied_model")
+    return _unsharded_replica(model, sharding["class"], get_model_state_dict(model, options=_FULL))
+
+
+def _sharding_of(model, function: str) -> dict:
+    sharding = getattr(model, "_hf_layertie_sharding", None)
+    if sharding is None:
+        raise ValueError(f"{function} needs a model sharded by hf_layertie.shard_tied_model, got an unsharded {type(model).__name__}")
+    return sharding
+
+
+def _unsharded_replica(model, unsharded_class: type, weights: dict) -> TiedBlocksMixin:
+    """A plain (unsharded) copy of `model` with its current map and the gathered `weights`, on the same device."""
+    device = next(iter(weights.values())).device
+    with torch.device(device):
+        replica = unsharded_class(copy.deepcopy(model.config))
+    replica.load_state_dict(weights, strict=False)
+    return replica.train(model.training)
+
+
+def _load_carried_optimizer_state(model, optimizer, full_state: dict, carried_from: dict[str, str]) -> None:
+    """Point `optimizer` at `model`'s Parameters, each in the group of the name it continues, and load the state
+    of that name (by `set_optimizer_state_dict`, which shards it like the Parameters)."""
+    group_of = {name: index for index, group in enumerate(full_state["param_groups"]) for name in group["params"]}
+    parameters = dict(model.named_parameters())
+    groups = [[] for _ in optimizer.param_groups]
+    for name in parameters:
+        groups[group_of[carried_from[name]]].append(name)
+    for group, names in zip(optimizer.param_groups, groups):
+        group["params"] = [parameters[name] for name in names]
+    optimizer.state.clear()
+    state = {
+        # A copy per name: an untied block and its source continue the same state, and must not share its tensors.
+        "state": {
+            name: {key: value.clone() if torch.is_tensor(value) else value for key, value in full_state["state"][carried_from[name]].items()}
+            for name in parameters
+            if carried_from[name] in full_state["state"]
+        },
+        "param_groups": [
+            {**saved, "params": names} for saved, names in zip(full_state["param_groups"], groups)
+        ],
+    }
+    set_optimizer_state_dict(model, optimizer, state, options=_FULL)

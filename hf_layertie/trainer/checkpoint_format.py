@@ -1,0 +1,136 @@
+"""The one owner of what a `TyingTrainer` checkpoint holds and when it counts as complete.
+
+A checkpoint (`checkpoint-N/`, and the output folder of a finished run) is the Trainer's files plus
+`tying_state.pt`: the strategy, the settings it ran under and its decisions' state (`TyingDecisions.state_dict`).
+The model's `config.json` holds the map of that step. `tying_state.pt` is written last and atomically, for every
+strategy (`none` included), so a checkpoint that has it is complete; one without it was interrupted while saving
+(or a plain Trainer saved it), and a tying run refuses to continue it.
+
+A kill, a crash or a full disk in the middle of a save leaves a `checkpoint-N` folder without some of its files.
+transformers' `get_last_checkpoint` picks the highest-numbered folder whatever it holds; `last_complete_checkpoint`
+skips incomplete ones.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+
+from ..models.tying_map import TyingMap
+
+logger = logging.getLogger(__name__)
+
+TYING_STATE_NAME = "tying_state.pt"
+# What `TyingTrainer` writes into `tying_state.pt`.
+TYING_STATE_KEYS = frozenset({"tying_strategy", "settings", "decisions"})
+# Any of these holds a checkpoint's weights.
+WEIGHTS_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME)
+_CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+
+
+def write_tying_state(folder: str | Path, state: dict) -> None:
+    """Write `state` as `folder/tying_state.pt`, atomically: a kill leaves the old file or none, never half of one."""
+    partial = os.path.join(folder, TYING_STATE_NAME + ".partial")
+    with explain_write_errors(folder):
+        torch.save(state, partial)
+        os.replace(partial, os.path.join(folder, TYING_STATE_NAME))
+
+
+def read_tying_state(checkpoint: str | Path) -> dict | None:
+    """The checkpoint's `tying_state.pt` (None when it has none), or one error naming the file."""
+    path = os.path.join(checkpoint, TYING_STATE_NAME)
+    if not os.path.isfile(path):
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises several types for a truncated or foreign file
+        raise ValueError(f"{path} is not a readable tying state ({type(error).__name__}: {error})") from None
+    if not isinstance(state, dict) or not TYING_STATE_KEYS <= state.keys():
+        raise ValueError(f"{path} is not a tying state: expected a dict with the keys {sorted(TYING_STATE_KEYS)}")
+    return state
+
+
+def checkpoint_tying_map(checkpoint: str | Path, num_blocks: int) -> TyingMap:
+    """The map saved in a checkpoint's config.json (independent blocks when it has none)."""
+    path = os.path.join(checkpoint, CONFIG_NAME)
+    with open(path) as config_file:
+        entries = json.load(config_file).get("tying_map")
+    try:
+        return TyingMap.independent(num_blocks) if entries is None else TyingMap(entries, num_blocks=num_blocks)
+    except ValueError as error:
+        raise ValueError(f"cannot resume from {checkpoint}: the map in {path} does not fit this model: {error}") from None
+
+
+def checkpoint_step(checkpoint: str | Path) -> int | None:
+    """The optimizer step a checkpoint (or finished output folder) was saved at; None without its trainer state."""
+    path = os.path.join(checkpoint, TRAINER_STATE_NAME)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as state_file:
+        return int(json.load(state_file).get("global_step", 0))
+
+
+def missing_checkpoint_files(checkpoint: str | Path) -> list[str]:
+    """The files a complete checkpoint has and `checkpoint` lacks (empty: it is complete).
+
+    A checkpoint saved under other settings is complete: resuming from it is refused by the trainer, naming the
+    difference, rather than skipped.
+    """
+    checkpoint = Path(checkpoint)
+    missing = [name for name in (CONFIG_NAME, TRAINER_STATE_NAME) if not (checkpoint / name).is_file()]
+    if not any((checkpoint / name).is_file() for name in WEIGHTS_FILES):
+        missing.append(" or ".join(WEIGHTS_FILES))
+    if not (checkpoint / TYING_STATE_NAME).is_file():
+        missing.append(TYING_STATE_NAME)
+    return missing
+
+
+def last_complete_checkpoint(output_dir: str | Path) -> Path | None:
+    """The highest-numbered complete `checkpoint-N` in `output_dir`; incomplete ones are skipped with a warning."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return None
+    numbered = [(int(match.group(1)), path) for path in output_dir.iterdir() if (match := _CHECKPOINT_NAME.match(path.name))]
+    for _, checkpoint in sorted(numbered, reverse=True):
+        missing = missing_checkpoint_files(checkpoint)
+        if not missing:
+            return checkpoint
+        logger.warning(f"Skipping {checkpoint}: an interrupted save left it without {', '.join(missing)}")
+    return None
+
+
+@contextmanager
+def explain_write_errors(folder: str | Path):
+    """Re-raise a failed write into `folder` naming the folder, the free space left and the way on.
+
+    torch and safetensors report a full disk as "[enforce fail at inline_container.cc] unexpected pos" or
+    "basic_ios::clear: iostream error", without the words "no space left".
+    """
+    try:
+        yield
+    except (OSError, RuntimeError) as error:
+        free = _free_bytes(folder)
+        output_dir = Path(folder).parent if _CHECKPOINT_NAME.match(Path(folder).name) else Path(folder)
+        last = last_complete_checkpoint(output_dir)
+        way_on = f"it resumes from {last}, the last complete checkpoint" if last else "no checkpoint is complete yet"
+        raise type(error)(
+            f"could not write {folder} ({free / 2**20:,.0f} MiB free on its disk; the disk may be full): "
+            f"{type(error).__name__}: {error}. Free some space and re-run the same command: {way_on}"
+        ) from error
+
+
+def _free_bytes(folder: str | Path) -> int:
+    path = Path(folder)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free

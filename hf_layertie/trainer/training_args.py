@@ -1,0 +1,168 @@
+"""`TyingTrainingArguments`: the tying method's command-line settings, next to the Trainer that reads them.
+
+One name per setting everywhere: the agent's settings are `hf_layertie.dlt.AgentConfig`'s fields and the
+reward's `hf_layertie.dlt.TyingReward`'s, under the same names; those classes own their validation. Which
+settings a strategy reads, and their defaults, belong to the strategy (`hf_layertie.decisions`): every tying
+setting here defaults to `None`, a setting the chosen strategy does not read must stay `None` (it is refused,
+not ignored), and the strategy's defaults are filled in after construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+from ..decisions import DECISIONS, TyingDecisions
+from ..dlt import VARIANT_DEFAULTS, AgentConfig, TyingReward
+
+
+def _variant_help(name: str) -> str:
+    values = [f"{variant}: {table[name]}" for variant, table in VARIANT_DEFAULTS.items() if name in table]
+    return f"None = the variant's value ({'; '.join(values)})."
+
+
+def _setting(help_text: str) -> dataclasses.Field:
+    return field(default=None, metadata={"help": help_text})
+
+
+@dataclass
+class TyingTrainingArguments(TrainingArguments):
+    r"""
+    [`TrainingArguments`] plus the tying method (see `hf_layertie.decisions` for the strategies, `hf_layertie.dlt`
+    for the agent and the README for every choice). Every setting but `tying_strategy` and `tying_plot` is read by
+    some strategies only; the others must leave it unset, and the defaults below apply to those that read it.
+
+    tying_strategy (`str`, defaults to `"dlt"`):
+        `dlt`: a learning agent decides the map (the method). `random`: the same schedule, options and cap with
+        uniformly random actions (ablation). `static:<spec>`: a fixed map, from a strategy (`static:all`,
+        `static:cycle:4`, `static:sequence:3`, ...) or explicit entries (`static:0,0,2,2`). `similarity:U`: after
+        `similarity_warmup_steps` steps with every block independent, tie blocks by their functional similarity
+        to U distinct blocks (`hf_layertie.block_similarity`). `none`: conventional training, no tying code runs.
+    dlt_variant (`str`, dlt and random, defaults to `"default"`):
+        The agent of `dlt` and the options of `random`: `"default"` (this library's agent) or `"paper"` (Hay & Wolf's
+        algorithm as the authors' code runs it; see `hf_layertie.dlt.agent_config`).
+    tying_initial_map (`str`, dlt and random):
+        The map training starts from: a strategy spec or entries. Defaults to every block tied to block 0, as in
+        the paper: the memory saving comes from that start.
+    tying_interval (`int`, dlt and random, defaults to 15):
+        k, optimizer steps between two decisions (the paper's 15). A decision's reward is the loss of the k steps after it.
+    max_distinct_blocks (`int`, dlt and random):
+        Hard cap on blocks that own weights at every step (so on training memory): options beyond it are never
+        offered. `similarity:U` and `static:<spec>` fix their number of distinct blocks themselves.
+    q_gamma, epsilon_start, epsilon_min, epsilon_decay, exploration_fraction, q_forgetting, q_ridge, q_hidden_size,
+    q_learning_rate, q_weight_decay (dlt only):
+        The agent's settings (`AgentConfig`); unset takes the variant's value, and one the variant does not use is refused.
+    reward_source (`str`, dlt and random, defaults to `"train"`):
+        The loss a decision is rewarded with: `"train"`, the mean training loss of the k steps after it (free: each
+        batch is scored before the model trains on it), or `"held_out"`, the loss of a fixed held-out batch after
+        them (costs a forward pass of `reward_batch_size` examples per decision, in micro-batch-sized chunks).
+    reward_block_cost (`float`, dlt and random, defaults to 0.0):
+        Nats of loss one more block owning weights is worth to you (`TyingReward.reward_block_cost`).
+    reward_batch_size (`int`, with `reward_source="held_out"` only, defaults to 16):
+        Examples of the reward dataset (its first ones, fixed for the run) scored per decision.
+    agent_seed (`int`, dlt and random):
+        Seed of the agent's own generator; defaults to `seed` (`AgentConfig` alone defaults to 0).
+    similarity_warmup_steps (`int`, similarity only, defaults to 0):
+        Steps trained with every block independent before the blocks are compared (0 measures the model as loaded,
+        e.g. a converted pretrained checkpoint; a model trained from scratch needs a warm-up). Must be below the
+        run's number of steps.
+    tying_plot (`bool`, defaults to `True`):
+        Write `tying_map.png` (blocks x steps, one colour per source block) next to saved models.
+
+    A run resumed from a checkpoint must repeat the settings of the run that saved it (`resume_settings()`);
+    `TyingTrainer` refuses it otherwise, naming each setting that differs.
+    """
+
+    tying_strategy: str = field(
+        default="dlt", metadata={"help": "dlt | random | static:<spec or entries> | similarity:U | none"}
+    )
+    dlt_variant: str | None = _setting("dlt/random: the agent, 'default' or 'paper' (default: 'default').")
+    tying_initial_map: str | None = _setting("dlt/random: start map, a spec ('all') or entries ('0 0 2 2'). Default: all tied.")
+    tying_interval: int | None = _setting("dlt/random: k, optimizer steps between two tying decisions (default: 15).")
+    max_distinct_blocks: int | None = _setting("dlt/random: hard cap on blocks owning weights (training memory) at every step.")
+    q_gamma: float | None = _setting(f"dlt: discount of future rewards. {_variant_help('q_gamma')}")
+    epsilon_start: float | None = _setting(f"dlt: initial exploration rate. {_variant_help('epsilon_start')}")
+    epsilon_min: float | None = _setting(f"dlt: exploration floor. {_variant_help('epsilon_min')}")
+    epsilon_decay: float | None = _setting(f"dlt, paper agent: exploration factor per sweep. {_variant_help('epsilon_decay')}")
+    exploration_fraction: float | None = _setting(
+        f"dlt, default agent: share of decisions over which epsilon falls. {_variant_help('exploration_fraction')}"
+    )
+    q_forgetting: float | None = _setting(f"dlt, default agent: least-squares forgetting. {_variant_help('q_forgetting')}")
+    q_ridge: float | None = _setting(f"dlt, default agent: prior precision. {_variant_help('q_ridge')}")
+    q_hidden_size: int | None = _setting(f"dlt, paper agent: Q-network hidden width. {_variant_help('q_hidden_size')}")
+    q_learning_rate: float | None = _setting(f"dlt, paper agent: Q-network learning rate. {_variant_help('q_learning_rate')}")
+    q_weight_decay: float | None = _setting(f"dlt, paper agent: Q-network weight decay. {_variant_help('q_weight_decay')}")
+    reward_source: str | None = _setting("dlt/random: 'train' (free, the default) or 'held_out' (a fixed batch).")
+    reward_block_cost: float | None = _setting("dlt/random: reward cost in nats per block owning weights (default: 0).")
+    reward_batch_size: int | None = _setting("dlt/random with reward_source='held_out': examples scored (default: 16).")
+    agent_seed: int | None = _setting("dlt/random: seed of the agent (default: --seed).")
+    similarity_warmup_steps: int | None = _setting("similarity:U: independent steps before the blocks are compared (default: 0).")
+    tying_plot: bool = field(default=True, metadata={"help": "Write tying_map.png next to saved models."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._resolve_tying_settings()
+
+    @classmethod
+    def tying_fields(cls) -> list[str]:
+        """The names this class adds to `TrainingArguments` (what a model card lists as the tying set-up)."""
+        own = {item.name for item in dataclasses.fields(TrainingArguments)}
+        return [item.name for item in dataclasses.fields(cls) if item.name not in own]
+
+    @classmethod
+    def strategy_settings(cls) -> list[str]:
+        """The tying settings some strategy reads (every tying field but `tying_strategy` and `tying_plot`)."""
+        return [name for name in cls.tying_fields() if name not in ("tying_strategy", "tying_plot")]
+
+    @property
+    def tying_mode(self) -> str:
+        """`dlt`, `random`, `static`, `similarity` or `none`."""
+        return self.tying_strategy.split(":", 1)[0]
+
+    @property
+    def decisions_class(self) -> type[TyingDecisions]:
+        """The strategy class (`hf_layertie.decisions`) that owns this run's tying decisions."""
+        return DECISIONS[self.tying_mode]
+
+    def resume_settings(self) -> dict[str, object]:
+        """The settings a run resumed from a checkpoint must share with the run that saved it, by name: the strategy
+        and every setting it reads. A resumed run continues the saved map and agent, so another strategy, schedule,
+        cap, agent or reward would silently not be the one that ran (and the model card reports them)."""
+        names = ["tying_strategy", *self.decisions_class.settings]
+        return {name: getattr(self, name) for name in names}
+
+    def agent_config(self) -> AgentConfig:
+        """The agent's settings (`dlt` and `random`), under their own names."""
+        return AgentConfig(**{item.name: getattr(self, item.name) for item in dataclasses.fields(AgentConfig)})
+
+    def tying_reward(self) -> TyingReward:
+        return TyingReward.for_variant(self.dlt_variant, reward_block_cost=self.reward_block_cost)
+
+    def without_tying(self) -> TyingTrainingArguments:
+        """These arguments with `tying_strategy="none"` and every strategy setting unset (evaluation only)."""
+        return dataclasses.replace(self, tying_strategy="none", **dict.fromkeys(self.strategy_settings()))
+
+    def _resolve_tying_settings(self) -> None:
+        """Refuse settings the strategy does not read, fill in the defaults of those it reads, then let it check them."""
+        if not isinstance(self.tying_strategy, str):
+            raise ValueError(f"tying_strategy must be a string, got {self.tying_strategy!r}")
+        if self.tying_mode not in DECISIONS:
+            raise ValueError(
+                f"tying_strategy={self.tying_strategy!r}: expected 'dlt', 'random', 'static:<spec>', 'similarity:U' or 'none'"
+            )
+        if ":" in self.tying_strategy and self.tying_mode not in ("static", "similarity"):
+            raise ValueError(f"tying_strategy={self.tying_strategy!r}: only 'static' and 'similarity' take a ':' argument")
+        decisions = self.decisions_class
+        ignored = [name for name in self.strategy_settings() if name not in decisions.settings and getattr(self, name) is not None]
+        if ignored:
+            reads = f"it reads {', '.join(decisions.settings)}" if decisions.settings else "it reads no other tying setting"
+            raise ValueError(
+                f"tying_strategy={self.tying_strategy!r} does not read {', '.join(ignored)}: leave "
+                f"{'it' if len(ignored) == 1 else 'them'} unset ({reads})"
+            )
+        for name, default in decisions.settings.items():
+            if getattr(self, name) is None and default is not None:
+                setattr(self, name, default)
+        decisions.resolve_arguments(self)

@@ -1,0 +1,79 @@
+"""Tied models under FSDP2 on two gloo processes (CPU, torchrun), against one process training on both batches."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import GPT2
+
+from hf_layertie import TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
+from hf_layertie.sharding import retie_sharded, shard_tied_model
+
+REPO = Path(__file__).resolve().parents[1]
+LOSS_TOLERANCE = 1e-5
+WEIGHT_TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("fsdp")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(REPO / "tests" / "scripts" / "fsdp_tying_run.py"), str(output_dir)]  # fmt: skip
+    completed = subprocess.run(command, cwd=output_dir, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return output_dir, [torch.load(output_dir / f"rank{rank}.pt") for rank in (0, 1)]
+
+
+def assert_matches_one_process(measured):
+    for sharded_loss, expected_loss in measured["losses"]:
+        assert abs(sharded_loss - expected_loss) < LOSS_TOLERANCE, measured["losses"]
+    assert measured["weights"] < WEIGHT_TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tying_map", ["[0, 0, 2, 2]", "[0, 1, 0, 1]", "[0, 0, 0, 0]", "[0, 1, 2, 3]", "[0, 1, 0, 0]"])
+def test_a_sharded_static_map_trains_as_one_process(fsdp_run, tying_map):
+    _, ranks = fsdp_run
+    for results in ranks:
+        assert_matches_one_process(results["static"][tying_map])
+
+
+@pytest.mark.slow
+def test_re_ties_of_a_sharded_model_keep_weights_and_optimizer_state_as_one_process(fsdp_run):
+    _, (rank0, rank1) = fsdp_run
+    assert [step["map"] for step in rank0["reties"]] == [[0, 0, 0, 0], [0, 1, 1, 1], [0, 1, 1, 3], [0, 0, 2, 0], [0, 1, 2, 3]]
+    assert [step["map"] for step in rank1["reties"]] == [step["map"] for step in rank0["reties"]]
+    for step in rank0["reties"]:
+        assert_matches_one_process(step)
+
+
+@pytest.mark.slow
+def test_retie_on_a_sharded_model_raises_naming_retie_sharded(fsdp_run):
+    _, ranks = fsdp_run
+    for results in ranks:
+        assert "sharded with FSDP2" in results["retie_error"] and "retie_sharded(model, optimizer, new_map)" in results["retie_error"]
+
+
+@pytest.mark.slow
+def test_a_gathered_sharded_model_saves_a_checkpoint_that_loads_with_the_same_logits(fsdp_run):
+    output_dir, (rank0, _) = fsdp_run
+    loaded = TiedGPT2LMHeadModel.from_pretrained(output_dir / "saved").eval()
+    assert loaded.tying_map.to_list() == [0, 1, 2, 3]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=rank0["ids"]).logits, rank0["logits"], atol=1e-4, rtol=1e-4)
+
+
+def test_sharding_an_unsharded_model_only(tmp_path):
+    with pytest.raises(ValueError, match="retie_sharded needs a model sharded by hf_layertie.shard_tied_model"):
+        retie_sharded(GPT2.tied_model([0, 0]), None, [0, 1])
+    with pytest.raises(TypeError, match="shard_tied_model needs a tied model"):
+        shard_tied_model(torch.nn.Linear(2, 2))
+
+
+def test_tying_trainer_refuses_fsdp_naming_what_works(tmp_path):
+    args = TyingTrainingArguments(output_dir=str(tmp_path), fsdp=True, use_cpu=True, report_to=[])
+    with pytest.raises(ValueError, match=r"TyingTrainer does not shard tied models with FSDP.*accelerate launch --multi_gpu.*shard_tied_model"):
+        TyingTrainer(model=GPT2.tied_model([0, 0, 2, 2]).train(), args=args)
