@@ -11,8 +11,13 @@ class DataTrainingArguments:
     """Which data to train and evaluate on. With no dataset and no files, the Shakespeare corpus shipped with
     hf-layertie is used (split by play: no text of an evaluation play is seen in training)."""
 
-    dataset_name: str | None = field(default=None, metadata={"help": "A `datasets` name, e.g. 'wikitext'."})
-    dataset_config_name: str | None = field(default=None, metadata={"help": "e.g. 'wikitext-2-raw-v1'."})
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "A `datasets` name, e.g. 'wikitext'; or 'multihop', the multi-hop reference task (run_clm.py)."},
+    )
+    dataset_config_name: str | None = field(
+        default=None, metadata={"help": "e.g. 'wikitext-2-raw-v1'; for multihop its sizes, e.g. 'num_chains=6,max_hops=4'."}
+    )
     train_file: str | None = field(default=None, metadata={"help": "Training data: a .txt, .json/.jsonl or .csv file."})
     validation_file: str | None = field(default=None, metadata={"help": "Evaluation data, same formats."})
     text_column_name: str | None = field(

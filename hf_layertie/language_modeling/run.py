@@ -48,6 +48,7 @@ from ..toolkit import (
     unigram_loss,
 )
 from .arguments import DataTrainingArguments
+from .multihop import MULTIHOP, check_multihop_fits, evaluate_multihop, load_multihop, multihop_metrics, print_multihop_report
 
 logger = logging.getLogger(__name__)
 
@@ -128,29 +129,14 @@ def _train_and_evaluate(
         logger.warning(f"Training in {output_dir} finished at step {finished} without {', '.join(missing)}: producing them")
     set_seed(training_args.seed)
 
-    raw = load_text_datasets(
-        data_args.dataset_name,
-        data_args.dataset_config_name,
-        data_args.train_file,
-        data_args.validation_file,
-        data_args.validation_split_percentage,
-        data_args.keep_linebreaks,
-        model_args.cache_dir,
-    )
-    tokenizer = load_tokenizer(
-        model_args.tokenizer_name or model_args.model_name_or_path or task.tokenizer, masked=task.masked, **model_args.hub_options
-    )
-    model = _load_model(task, model_args, tokenizer)
-    block_size = resolve_block_size(data_args.block_size, model.config.max_position_embeddings)
-    grouped = tokenize_and_group(
-        raw,
-        tokenizer,
-        text_column(raw, data_args.text_column_name),
-        block_size,
-        num_proc=data_args.preprocessing_num_workers,
-        special_tokens_mask=task.masked,
-        source=_data_source(data_args),
-    )
+    if data_args.dataset_name == MULTIHOP:
+        if task.masked:
+            raise ValueError("--dataset_name multihop is a causal language modeling task: train it with run_clm.py")
+        grouped, tokenizer = load_multihop(data_args.dataset_config_name, seed=training_args.data_seed or training_args.seed)
+        model = _load_model(task, model_args, tokenizer)
+        check_multihop_fits(grouped, model.config.max_position_embeddings, data_args.dataset_config_name)
+    else:
+        grouped, tokenizer, model = _text_data_and_model(task, model_args, data_args)
     train_dataset, reward_dataset = grouped["train"], None
     if training_args.reward_source == "held_out":
         train_dataset, reward_dataset = split_reward_examples(train_dataset, training_args.reward_batch_size)
@@ -181,7 +167,11 @@ def _train_and_evaluate(
         eval_metrics = trainer.evaluate()
         eval_metrics["eval_samples"] = len(eval_dataset)
         eval_metrics["perplexity"] = _perplexity(eval_metrics["eval_loss"])
-        eval_metrics.update(_baseline(task, tokenizer, grouped))
+        if data_args.dataset_name == MULTIHOP:
+            scores = evaluate_multihop(trainer.model, eval_dataset, training_args.per_device_eval_batch_size)
+            eval_metrics.update(multihop_metrics(scores))
+        else:
+            eval_metrics.update(_baseline(task, tokenizer, grouped))
         trainer.log_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
     trainer.save_metrics("all", metrics)
@@ -189,8 +179,39 @@ def _train_and_evaluate(
     if training_args.push_to_hub:
         trainer.push_to_hub()
     if trainer.is_world_process_zero():
-        _print_report(task, metrics, trainer.model, tokenizer, grouped["validation"], data_args.sample_max_new_tokens)
+        if data_args.dataset_name == MULTIHOP:
+            print_multihop_report(metrics)
+        else:
+            _print_report(task, metrics, trainer.model, tokenizer, grouped["validation"], data_args.sample_max_new_tokens)
     return metrics
+
+
+def _text_data_and_model(task: LanguageModelingTask, model_args: ModelArguments, data_args: DataTrainingArguments):
+    """Text from a dataset, files or the embedded corpus, its tokenizer and the model, tokenized into blocks."""
+    raw = load_text_datasets(
+        data_args.dataset_name,
+        data_args.dataset_config_name,
+        data_args.train_file,
+        data_args.validation_file,
+        data_args.validation_split_percentage,
+        data_args.keep_linebreaks,
+        model_args.cache_dir,
+    )
+    tokenizer = load_tokenizer(
+        model_args.tokenizer_name or model_args.model_name_or_path or task.tokenizer, masked=task.masked, **model_args.hub_options
+    )
+    model = _load_model(task, model_args, tokenizer)
+    block_size = resolve_block_size(data_args.block_size, model.config.max_position_embeddings)
+    grouped = tokenize_and_group(
+        raw,
+        tokenizer,
+        text_column(raw, data_args.text_column_name),
+        block_size,
+        num_proc=data_args.preprocessing_num_workers,
+        special_tokens_mask=task.masked,
+        source=_data_source(data_args),
+    )
+    return grouped, tokenizer, model
 
 
 def _load_model(task: LanguageModelingTask, model_args: ModelArguments, tokenizer) -> PreTrainedModel:

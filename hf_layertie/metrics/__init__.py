@@ -9,7 +9,7 @@ from pathlib import Path
 import evaluate
 
 METRICS_DIR = Path(__file__).resolve().parent
-METRIC_NAMES = ("lambada_accuracy", "perplexity_from_nll")
+METRIC_NAMES = ("lambada_accuracy", "multihop_accuracy", "perplexity_from_nll")
 
 
 def metric_dir(name: str) -> Path:

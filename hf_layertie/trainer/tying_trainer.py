@@ -353,10 +353,12 @@ class TyingTrainer(Trainer):
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the model; a final save (not a checkpoint's) also writes its tying state, plot and model card beside
         it. Like transformers' own sharded saves, a final save is collective: call it on every process."""
-        super().save_model(output_dir, _internal_call)
-        if _internal_call:
+        if _internal_call:  # a checkpoint's: `_save_checkpoint` explains its write errors
+            super().save_model(output_dir, _internal_call)
             return
         output_dir = output_dir if output_dir is not None else self.args.output_dir
+        with explain_write_errors(output_dir):
+            super().save_model(output_dir, _internal_call)
         self._write_tying_state(output_dir)
         if self.args.should_save and isinstance(self.model, TiedBlocksMixin):
             with explain_write_errors(output_dir):

@@ -1,0 +1,72 @@
+#!/usr/bin/env python
+"""Does depth help on the multi-hop task? Train one untied GPT-2 on it and print accuracy by hop count as it goes.
+
+    python bench/multihop_probe.py --task "num_chains=6,num_queries=2,max_hops=4" --n_layer 2
+    python bench/multihop_probe.py --task "num_chains=6,num_queries=2,max_hops=4" --n_layer 8
+
+A probe for choosing the task's difficulty (bench/README.md, "The multi-hop task"), not the comparison itself:
+one process, one thread, plain AdamW (warm-up 100 steps, linear decay, gradient clipping 1.0), batches drawn with
+replacement from the training split; evaluation on the validation split four times over the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from hf_layertie.data.multihop import MultiHopConfig, multihop_datasets, multihop_tokenizer
+from hf_layertie.language_modeling.multihop import evaluate_multihop
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="num_chains=6,num_queries=2,max_hops=4", help="MultiHopConfig settings.")
+    parser.add_argument("--n_layer", type=int, default=2)
+    parser.add_argument("--n_embd", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--learning_rate", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    config = MultiHopConfig.from_string(f"train_examples=50000,eval_examples=500,{args.task}")
+    splits = multihop_datasets(config, seed=0)
+    train = splits["train"].with_format("torch", columns=["input_ids", "attention_mask", "labels"])
+    torch.manual_seed(args.seed)
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            n_layer=args.n_layer, n_embd=args.n_embd, n_head=4, vocab_size=len(multihop_tokenizer(config)),
+            n_positions=config.sequence_length, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            bos_token_id=0, eos_token_id=0,
+        )
+    )  # fmt: skip
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / 100) * max(0.0, 1 - step / args.steps)
+    )
+    generator = torch.Generator().manual_seed(args.seed)
+    started = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        batch = train[torch.randint(0, len(train), (args.batch_size,), generator=generator)]
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        if step % max(1, args.steps // 4) == 0:
+            scores = evaluate_multihop(model, splits["validation"], batch_size=100)
+            by_hops = " / ".join(f"{value:.2f}" for value in scores["accuracy_by_hops"].values())
+            print(
+                f"step {step}: answer loss {loss.item():.3f}, accuracy by hops {by_hops}, "
+                f"mean {scores['mean_accuracy']:.3f} ({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
