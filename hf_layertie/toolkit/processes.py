@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -13,9 +14,13 @@ def process_group_ended() -> Iterator[None]:
     """Destroy the process group on leaving the block, however it is left (a finished run re-run included).
 
     Parsing `TrainingArguments` joins the group under `accelerate launch` or `torchrun`; gloo aborts the
-    interpreter at exit (SIGABRT) after a run that finished unless the group is destroyed.
+    interpreter at exit (SIGABRT, "terminate called without an active exception") after a run that finished unless
+    the group is destroyed, and destroyed after the objects of the run (trainer, model, DDP wrapper): tensors that
+    gloo's pending work still references must not be freed while the interpreter shuts down. So do the run's work in
+    a function called inside this block, and leave nothing of it in globals; reference cycles are collected here.
     """
     try:
         yield
     finally:
+        gc.collect()
         PartialState().destroy_process_group()

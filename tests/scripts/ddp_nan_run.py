@@ -5,45 +5,58 @@ with to OUTPUT_DIR/stopped<rank>.txt; a rank that did not stop would wait for th
 `ddp_timeout` and fail the launch.
 """
 
+import os
 import sys
 
 import datasets
 import torch
 
 from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
-
-output_dir = sys.argv[1]
-torch.manual_seed(0)
-model = TiedGPT2LMHeadModel(TiedGPT2Config(n_layer=4, n_embd=32, n_head=2, n_positions=32, vocab_size=100))
-ids = torch.randint(0, 100, (128, 16), generator=torch.Generator().manual_seed(1)).tolist()
-data = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
-args = TyingTrainingArguments(
-    output_dir=output_dir,
-    tying_interval=4,
-    max_steps=4,
-    per_device_train_batch_size=4,
-    learning_rate=1e-3,
-    use_cpu=True,
-    report_to=[],
-    save_strategy="steps",
-    save_steps=1,
-    disable_tqdm=True,
-    ddp_timeout=60,
-)
-trainer = TyingTrainer(model=model, args=args, train_dataset=data)
-forward_passes = 0
+from hf_layertie.toolkit import process_group_ended
 
 
-def nan_on_rank_1_in_step_3(module, inputs, output):
-    global forward_passes
-    forward_passes += 1
-    return output * float("nan") if trainer.args.process_index == 1 and forward_passes == 3 else output
+def main():
+    output_dir = sys.argv[1]
+    torch.manual_seed(0)
+    model = TiedGPT2LMHeadModel(TiedGPT2Config(n_layer=4, n_embd=32, n_head=2, n_positions=32, vocab_size=100))
+    ids = torch.randint(0, 100, (128, 16), generator=torch.Generator().manual_seed(1)).tolist()
+    data = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
+    args = TyingTrainingArguments(
+        output_dir=output_dir,
+        tying_interval=4,
+        max_steps=4,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="steps",
+        save_steps=1,
+        disable_tqdm=True,
+        ddp_timeout=60,
+    )
+    trainer = TyingTrainer(model=model, args=args, train_dataset=data)
+    forward_passes = 0
 
 
-model.lm_head.register_forward_hook(nan_on_rank_1_in_step_3)
-try:
-    trainer.train()
-except FloatingPointError as error:
-    with open(f"{output_dir}/stopped{trainer.args.process_index}.txt", "w") as stopped:
-        stopped.write(str(error))
-trainer.accelerator.end_training()  # gloo aborts the interpreter at exit unless its process group is destroyed
+    def nan_on_rank_1_in_step_3(module, inputs, output):
+        nonlocal forward_passes
+        forward_passes += 1
+        return output * float("nan") if trainer.args.process_index == 1 and forward_passes == 3 else output
+
+
+    model.lm_head.register_forward_hook(nan_on_rank_1_in_step_3)
+    try:
+        trainer.train()
+    except FloatingPointError as error:
+        with open(f"{output_dir}/stopped{trainer.args.process_index}.txt", "w") as stopped:
+            stopped.write(str(error))
+
+
+if __name__ == "__main__":
+    with process_group_ended():  # after main() has freed the run's objects
+        main()
+    # Everything this test reads is written. gloo can still abort an interpreter that finalizes after its work
+    # (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#179291): leave without finalizing.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
