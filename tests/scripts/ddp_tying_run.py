@@ -5,14 +5,13 @@ Launched by tests/test_distributed.py exactly as the README tells users to launc
 where MODEL is a key of `SIZES` (default gpt2).
 """
 
-import os
 import sys
 
 import datasets
 import torch
 
 from hf_layertie import TIED_MODELS, TyingTrainer, TyingTrainingArguments
-from hf_layertie.toolkit import process_group_ended
+from launched import run_then_exit
 
 
 def main():
@@ -60,10 +59,4 @@ def main():
 
 
 if __name__ == "__main__":
-    with process_group_ended():  # after main() has freed the run's objects
-        main()
-    # Everything this test reads is written. gloo can still abort an interpreter that finalizes after its work
-    # (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#179291): leave without finalizing.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    run_then_exit(main)
