@@ -25,3 +25,9 @@ def check_real(name: str, value, low: float, high: float, low_open: bool = False
     if not (above and below):
         interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
         raise ValueError(f"{name} must be a number in {interval}, got {value!r}")
+
+
+def check_choice(name: str, value, choices: tuple[str, ...]) -> None:
+    """Raise unless `value` is one of `choices`."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(repr(choice) for choice in choices)}, got {value!r}")

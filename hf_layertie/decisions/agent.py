@@ -6,13 +6,15 @@ import math
 
 import torch
 
-from ..checks import check_integer
+from ..checks import check_choice, check_integer
 from ..dlt import TyingController, make_agent
+from ..models.configuration_tying import TIE_INITS
 from ..models.tying_map import TyingMap
 from ..models.tying_strategies import resolve_tying_map
 from .base import TrainingRun, TyingDecisions
 
 REWARD_SOURCES = ("train", "held_out")
+UNTIE_INITS = ("source", "own")
 # The settings only a learning agent reads (`AgentConfig`'s values for each variant); `random` refuses them.
 LEARNING_SETTINGS = (
     "q_gamma",
@@ -53,11 +55,15 @@ class AgentDecisions(TyingDecisions):
         "reward_block_cost": 0.0,
         "reward_batch_size": None,  # 16 with reward_source="held_out"
         "agent_seed": None,  # the run's --seed
+        "tie_init": "root",
+        "untie_init": "source",
     }
 
     @classmethod
     def resolve_arguments(cls, args) -> None:
         check_integer("tying_interval", args.tying_interval, minimum=1)
+        check_choice("tie_init", args.tie_init, TIE_INITS)
+        check_choice("untie_init", args.untie_init, UNTIE_INITS)
         if args.tying_initial_map is not None and not isinstance(args.tying_initial_map, str):
             raise ValueError(f"tying_initial_map must be a string such as 'all' or '0 0 2 2', got {args.tying_initial_map!r}")
         if args.reward_source not in REWARD_SOURCES:
@@ -79,6 +85,8 @@ class AgentDecisions(TyingDecisions):
         self.controller = TyingController(agent, args.tying_reward())
         self.interval = args.tying_interval
         self._window_loss_sum: torch.Tensor | float = 0.0
+        # untie_init="own": each block's weights when training started, on CPU (taken by `start`).
+        self._own_weights: dict[int, dict[str, torch.Tensor]] | None = None
 
     def _initial_map(self, num_blocks: int) -> TyingMap:
         text = self.args.tying_initial_map or "all"
@@ -103,7 +111,11 @@ class AgentDecisions(TyingDecisions):
         return list(self.controller.rows)
 
     def start(self, run: TrainingRun) -> None:
-        run.apply(self.initial_map)
+        """Apply the initial map; with `untie_init="own"`, first keep every block's weights (a resumed run takes
+        them again from the model it was given: the one its first run started from)."""
+        if self.args.untie_init == "own":
+            self._own_weights = run.block_weights()
+        run.apply(self.initial_map, tie_init=self.args.tie_init)
 
     def is_due(self, step: int) -> bool:
         pending = self.controller.pending_row
@@ -125,7 +137,7 @@ class AgentDecisions(TyingDecisions):
             completed, pending = run.broadcast(message)
             if not run.is_main_process:
                 self.controller.follow(completed, pending)
-        pending.update(run.apply(TyingMap(pending["map"])))
+        pending.update(run.apply(TyingMap(pending["map"]), untied_weights=self._own_weights))
         run.log(completed, pending)
 
     def finish(self, run: TrainingRun) -> None:

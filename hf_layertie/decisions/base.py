@@ -46,8 +46,16 @@ class TrainingRun(Protocol):
     def block_distances(self) -> list[float]:
         """Each block's angular distance on the current batch (`hf_layertie.block_similarity`; main process only)."""
 
-    def apply(self, tying_map: TyingMap) -> dict:
-        """Re-tie the model (with its optimizer and DDP wrapper) and return the map's fields for a log row."""
+    def apply(
+        self, tying_map: TyingMap, tie_init: str = "root", untied_weights: dict[int, dict[str, torch.Tensor]] | None = None
+    ) -> dict:
+        """Re-tie the model (with its optimizer and DDP wrapper) and return the map's fields for a log row.
+
+        `tie_init` as in `TiedBlocksMixin.retie`; `untied_weights[b]`, when given, replaces the weights of every block
+        `b` the map unties (with fresh optimizer state)."""
+
+    def block_weights(self) -> dict[int, dict[str, torch.Tensor]]:
+        """A CPU copy of the weights every block computes with now, by block and name."""
 
     def log(self, completed: dict | None, current: dict | None) -> None:
         """Log a decision whose outcome is known (`completed`) and the decision now in force (`current`)."""

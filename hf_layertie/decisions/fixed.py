@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..block_similarity import similarity_tying_map
-from ..checks import check_integer
+from ..checks import check_choice, check_integer
+from ..models.configuration_tying import TIE_INITS
 from ..models.tying_map import TyingMap
 from ..models.tying_strategies import check_static_spec, resolve_tying_map
 from .base import TrainingRun, TyingDecisions
@@ -13,6 +14,11 @@ class _OneDecision(TyingDecisions):
     """A strategy whose one decision is logged as the run's single row."""
 
     needs_tied_model = True
+    settings = {"tie_init": "root"}
+
+    @classmethod
+    def resolve_arguments(cls, args) -> None:
+        check_choice("tie_init", args.tie_init, TIE_INITS)
 
     @property
     def argument(self) -> str:
@@ -20,7 +26,7 @@ class _OneDecision(TyingDecisions):
         return self.args.tying_strategy.partition(":")[2]
 
     def _apply(self, run: TrainingRun, tying_map: TyingMap, **extra) -> None:
-        row = {"index": len(self.rows), "step": run.step, **run.apply(tying_map), **extra}
+        row = {"index": len(self.rows), "step": run.step, **run.apply(tying_map, tie_init=self.args.tie_init), **extra}
         self.rows.append(row)
         run.log(row, None)
 
@@ -32,6 +38,7 @@ class StaticDecisions(_OneDecision):
 
     @classmethod
     def resolve_arguments(cls, args) -> None:
+        super().resolve_arguments(args)
         argument = args.tying_strategy.partition(":")[2]
         if not argument:
             raise ValueError(f"tying_strategy={args.tying_strategy!r} needs an argument, e.g. 'static:cycle:4' or 'static:0,0,2,2'")
@@ -56,11 +63,12 @@ class SimilarityDecisions(_OneDecision):
     tied into U groups by how similarly they transform the current batch (`hf_layertie.block_similarity`)."""
 
     mode = "similarity"
-    settings = {"similarity_warmup_steps": 0}
+    settings = {**_OneDecision.settings, "similarity_warmup_steps": 0}
     changes_map = True
 
     @classmethod
     def resolve_arguments(cls, args) -> None:
+        super().resolve_arguments(args)
         argument = args.tying_strategy.partition(":")[2]
         if not (argument.isdecimal() and int(argument) >= 1):
             raise ValueError(

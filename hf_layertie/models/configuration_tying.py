@@ -16,7 +16,7 @@ TIE_INITS = ("root", "mean")
 TYING_FIELDS = ("tying_map", "tie_init")
 
 
-def _check_tie_init(value) -> None:
+def check_tie_init(value) -> None:
     if value not in TIE_INITS:
         raise ValueError(f"tie_init must be one of {TIE_INITS}, got {value!r}")
 
@@ -38,7 +38,8 @@ class TyingConfigMixin:
         blocks differently from how they were saved (a plain checkpoint converted, a tied one re-grouped):
         `"root"`, the weights its first block used in the checkpoint; `"mean"`, the average over its blocks of
         the weights each used (how relaxed recursive transformers initialise shared layers). Blocks the
-        checkpoint has no weights for are left out of the average. `retie` always follows `"root"`.
+        checkpoint has no weights for are left out of the average. `retie` takes the same choice as an argument
+        (`"root"` unless told).
     """
 
     # Kept out of `__dict__`, hence out of `to_dict()`, config.json and `==`:
@@ -56,7 +57,7 @@ class TyingConfigMixin:
         super().__post_init__(**kwargs)
         if self.tying_map is not None:
             self.tying_map = TyingMap(self.tying_map, num_blocks=self.num_hidden_layers).to_list()
-        _check_tie_init(self.tie_init)
+        check_tie_init(self.tie_init)
 
     def __setattr__(self, key, value):
         # Maps set on a built config (`from_pretrained(path, tying_map=...)` assigns its kwargs that way) are
@@ -66,7 +67,7 @@ class TyingConfigMixin:
             if value is not None:
                 value = TyingMap(value).to_list()
         elif key == "tie_init":
-            _check_tie_init(value)
+            check_tie_init(value)
         super().__setattr__(key, value)
 
     def update_from_string(self, update_str: str):

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from .configuration_tying import TYING_FIELDS
+from .configuration_tying import TYING_FIELDS, check_tie_init
 from .tying_map import TyingMap
 
 # Config keys that name the tied classes; a plain config (`to_untied`) leaves them out with the tying fields.
@@ -40,7 +40,8 @@ class RetieReport:
     """What `TiedBlocksMixin.retie` changed: the trainer adds `added` to and drops `removed` from the optimizer.
 
     `copied_from[new]` is the Parameter a fresh Parameter was copied from, so that optimizer state and
-    parameter groups can follow the weights. Parameters that only moved to another block are in neither list.
+    parameter groups can follow the weights; `averaged_from[new]` the Parameters a fresh one is the mean of
+    (`tie_init="mean"`). Parameters that only moved to another block are in none of these.
     """
 
     old_map: TyingMap
@@ -48,6 +49,7 @@ class RetieReport:
     added: list[nn.Parameter] = field(default_factory=list)
     removed: list[nn.Parameter] = field(default_factory=list)
     copied_from: dict[nn.Parameter, nn.Parameter] = field(default_factory=dict)
+    averaged_from: dict[nn.Parameter, list[nn.Parameter]] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -171,8 +173,12 @@ class TiedBlocksMixin:
     def tying_map(self) -> TyingMap:
         return TyingMap(self.config.tying.entries, num_blocks=len(self.tied_blocks))
 
-    def retie(self, new_map: TyingMap | Sequence[int]) -> RetieReport:
+    def retie(self, new_map: TyingMap | Sequence[int], tie_init: str = "root") -> RetieReport:
         """Apply `new_map` in place; accepts a `TyingMap` or a list. Any map may follow any other.
+
+        With `tie_init="mean"`, a group whose blocks computed with different weights starts from their average
+        (each distinct set of weights counted once), as `from_pretrained(..., tie_init="mean")` does for a
+        checkpoint: how a trained model is converted. What follows describes the default, `"root"`.
 
         Every block keeps computing what it computed unless its source changes. The group of each new root `r`
         starts from the weights block `r` used before (those of `s = old_map[r]`), and Parameters move rather
@@ -189,17 +195,28 @@ class TiedBlocksMixin:
             )
         old_map = self.tying_map
         new_map = TyingMap(new_map, num_blocks=len(self.tied_blocks))
+        check_tie_init(tie_init)
         owned = {root: _block_parameters(self.tied_blocks[root]) for root in old_map.independent_blocks}
-        sources = {root: [old_map[root]] for root in new_map.independent_blocks}
+        if tie_init == "mean":
+            sources = {root: sorted({old_map[member] for member in members}) for root, members in new_map.groups().items()}
+        else:
+            sources = {root: [old_map[root]] for root in new_map.independent_blocks}
         copied_from, kept = self._regroup(new_map, owned, sources, old_map=old_map)
+        averaged_from = {
+            parameter: [owned[source][name] for source in sources[root]]
+            for root in new_map.independent_blocks
+            if len(sources[root]) > 1
+            for name, parameter in _block_parameters(self.tied_blocks[root]).items()
+        }
         self.config._set_tying_map_of_model(new_map)
         self._declare_block_ties()
         return RetieReport(
             old_map=old_map,
             new_map=new_map,
-            added=list(copied_from),
+            added=[*copied_from, *averaged_from],
             removed=[parameter for root in owned if root not in kept for parameter in owned[root].values()],
             copied_from=copied_from,
+            averaged_from=averaged_from,
         )
 
     def _regroup(

@@ -25,6 +25,8 @@ def sync_optimizer_with_model(optimizer: torch.optim.Optimizer, model: nn.Module
       starts from a copy of that Parameter's state (Adam moments and step count): its weights continue
       from the shared weights, so its update statistics continue too, instead of restarting with a
       bias-corrected first step of full learning-rate size.
+    - A fresh Parameter that is the mean of several (`retie(..., tie_init="mean")`) joins the group of the first
+      of them and starts without state: its weights are new, so are its update statistics.
     - Groups keep `named_parameters()` order, so a saved `optimizer.pt` reloads onto the right tensors.
     - Groups are edited in place: the learning-rate schedule and fused/foreach kernels keep working.
     """
@@ -39,6 +41,9 @@ def sync_optimizer_with_model(optimizer: torch.optim.Optimizer, model: nn.Module
                 key: value.clone() if torch.is_tensor(value) else copy.deepcopy(value)
                 for key, value in optimizer.state[source].items()
             }
+    for fresh, sources in report.averaged_from.items():
+        if sources[0] in group_of:
+            group_of[fresh] = group_of[sources[0]]
     for parameter in report.removed:
         optimizer.state.pop(parameter, None)
     parameters = [parameter for _, parameter in model.named_parameters()]

@@ -68,6 +68,16 @@ class TyingTrainingArguments(TrainingArguments):
         Steps trained with every block independent before the blocks are compared (0 measures the model as loaded,
         e.g. a converted pretrained checkpoint; a model trained from scratch needs a warm-up). Must be below the
         run's number of steps.
+    tie_init (`str`, static, similarity, dlt and random, defaults to `"root"`):
+        How each group of the strategy's first map (`static:<spec>`'s map, `similarity:U`'s, `tying_initial_map`)
+        starts from the weights the model has then: `"root"`, those its first block used; `"mean"`, the average
+        of those its blocks used. Converting a trained model (README, "Compressing a trained model"). Later
+        decisions always share the weights of the block they tie to, as in the paper.
+    untie_init (`str`, dlt and random, defaults to `"source"`):
+        The weights a block starts from when a decision unties it: `"source"`, a copy of those it shared (and
+        their optimizer state), as in the paper; `"own"`, the weights the block had when training started (before
+        the first map was applied), kept on CPU outside the training state, with fresh optimizer state: a
+        converted trained model gives an untied block back its own trained weights.
     tying_plot (`bool`, defaults to `True`):
         Write `tying_map.png` (blocks x steps, one colour per source block) next to saved models.
 
@@ -99,6 +109,14 @@ class TyingTrainingArguments(TrainingArguments):
     reward_batch_size: int | None = _setting("dlt/random with reward_source='held_out': examples scored (default: 16).")
     agent_seed: int | None = _setting("dlt/random: seed of the agent (default: --seed).")
     similarity_warmup_steps: int | None = _setting("similarity:U: independent steps before the blocks are compared (default: 0).")
+    tie_init: str | None = _setting(
+        "static/similarity/dlt/random: groups of the first map start from their first block's weights ('root', the "
+        "default) or their blocks' mean ('mean': converting a trained model)."
+    )
+    untie_init: str | None = _setting(
+        "dlt/random: an untied block starts from a copy of its source ('source', the default) or from its own weights "
+        "at the start of training ('own': a converted trained model)."
+    )
     tying_plot: bool = field(default=True, metadata={"help": "Write tying_map.png next to saved models."})
 
     def __post_init__(self):

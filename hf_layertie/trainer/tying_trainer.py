@@ -217,13 +217,26 @@ class TyingTrainer(Trainer):
             logger.warning(f"Held-out loss is {value} at step {self.state.global_step}; the agent will skip this reward")
         return value
 
-    def apply_tying_map(self, tying_map: TyingMap) -> dict:
-        """Re-tie the model, bring the optimizer and the DDP wrapper along, and return the map's log fields."""
+    def apply_tying_map(
+        self, tying_map: TyingMap, tie_init: str = "root", untied_weights: dict[int, dict[str, torch.Tensor]] | None = None
+    ) -> dict:
+        """Re-tie the model, bring the optimizer and the DDP wrapper along, and return the map's log fields.
+
+        `tie_init` as in `retie`; `untied_weights[b]` replaces the weights of each block `b` the map unties, whose
+        optimizer state then starts afresh (`untie_init="own"`)."""
         with self._timed("retie"):
-            report = self.model.retie(tying_map)
+            report = self.model.retie(tying_map, tie_init=tie_init)
+            untied = [block for block in report.new_map.independent_blocks if not report.old_map.is_independent(block)]
+            restored = [
+                parameter
+                for block in (untied if untied_weights is not None else [])
+                for parameter in _load_block_weights(self.model.tied_blocks[block], untied_weights[block])
+            ]
         if report.changed and self.optimizer is not None:
             with self._timed("optimizer_sync"):
                 sync_optimizer_with_model(self.optimizer, self.model, report)
+                for parameter in restored:
+                    getattr(self.optimizer, "optimizer", self.optimizer).state.pop(parameter, None)
         if report.changed:
             with self._timed("ddp_rebuild"):
                 rebuild_data_parallel(self.model_wrapped)
@@ -330,7 +343,8 @@ class TyingTrainer(Trainer):
                 f"{TYING_STATE_NAME}, so a plain Trainer saved it or its save was interrupted. {start_afresh}, or "
                 f"resume from an earlier, complete checkpoint"
             )
-        saved = {"tying_strategy": state["tying_strategy"], **state["settings"]}
+        # A setting the checkpoint lacks did not exist when it was saved: that run had its default.
+        saved = {"tying_strategy": state["tying_strategy"], **self.args.decisions_class.settings, **state["settings"]}
         # Under another strategy the other settings are moot: name the strategy alone.
         names = ["tying_strategy"] if saved["tying_strategy"] != wanted["tying_strategy"] else list(wanted)
         differing = [
@@ -417,6 +431,15 @@ def _numbers(prefix: str, row: dict, skip: tuple[str, ...]) -> dict:
     }
 
 
+@torch.no_grad()
+def _load_block_weights(block: torch.nn.Module, weights: dict[str, torch.Tensor]) -> list[torch.nn.Parameter]:
+    """Copy `weights` (by name within the block) into `block`'s Parameters; returns those Parameters."""
+    parameters = dict(block.named_parameters())
+    for name, value in weights.items():
+        parameters[name].copy_(value)
+    return [parameters[name] for name in weights]
+
+
 class _LoopView:
     """The training loop as a strategy sees it (`hf_layertie.decisions.TrainingRun`), at the current step, with the
     current micro-batch (`inputs`) for strategies that measure the model on it."""
@@ -454,6 +477,14 @@ class _LoopView:
             return [value]
         tensor = torch.tensor([value], dtype=torch.float64, device=self._trainer.args.device)
         return self._trainer.accelerator.gather(tensor).tolist()
+
+    @torch.no_grad()
+    def block_weights(self) -> dict[int, dict[str, torch.Tensor]]:
+        blocks = self._trainer.model.tied_blocks
+        return {
+            index: {name: parameter.detach().to("cpu", copy=True) for name, parameter in block.named_parameters()}
+            for index, block in enumerate(blocks)
+        }
 
     def block_distances(self) -> list[float]:
         trainer = self._trainer

@@ -1,0 +1,195 @@
+"""Compressing a trained model by tying, against the equal-memory alternatives (issue: "Compress a trained model").
+
+    python bench/compress.py --preset tiny      # smoke test, about 2 minutes
+    python bench/compress.py                    # the CPU comparison, about 35 minutes per seed on one core
+    python bench/compress.py --seeds 0,1        # some seeds now, the others later (finished runs are kept)
+
+Per seed: a 12-block GPT-2 (the study's 12 x 64, `bench/settings.py`) is trained conventionally on the study's
+training works (the teacher), then every row trains the same number of uptraining steps on the same batches, with
+at most `distinct_blocks` blocks owning weights (the training memory of a 4-block model), except the teacher
+continued (the ceiling) and the 4-block model trained from scratch for the teacher's and the uptraining's steps
+together (the fair "train small" alternative: as many tokens as the teacher and its conversion saw). Every row is
+a fresh single-threaded process (its peak memory is its own) that writes `result.json` when it finishes; a re-run
+skips finished runs. The report, `docs/compress/results.{json,md}`, pairs each row with the best row of the
+"train small" kind by seed (95% t-intervals).
+
+The maps: fixed patterns (`cycle:U`, `sequence:U`), `similarity:U` measured on the loaded teacher (angular
+distance, `hf_layertie.block_similarity`), and DLT started from `sequence:U` under a cap of U, its untied blocks
+given back their own trained weights (`untie_init="own"`) or a copy of their source's (`"source"`, the paper).
+Each with `tie_init` root and mean where it applies. Not measured yet: LoRA-relaxed ties (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+from transformers import HfArgumentParser
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.provenance import provenance  # noqa: E402
+from bench.settings import REPO_ROOT  # noqa: E402
+
+
+@dataclass(frozen=True)
+class CompressSettings:
+    n_layer: int
+    n_embd: int
+    n_head: int
+    block_size: int
+    batch_size: int
+    teacher_steps: int
+    teacher_learning_rate: float
+    uptrain_steps: int
+    uptrain_learning_rate: float
+    warmup_steps: int
+    distinct_blocks: int
+    tying_interval: int
+    max_test_blocks: int | None
+    seeds: tuple[int, ...]
+
+    def fingerprint(self) -> str:
+        return json.dumps({key: value for key, value in dataclasses.asdict(self).items() if key != "seeds"})
+
+
+PRESETS = {
+    "tiny": CompressSettings(
+        n_layer=4, n_embd=32, n_head=2, block_size=32, batch_size=4, teacher_steps=12, teacher_learning_rate=3e-3,
+        uptrain_steps=8, uptrain_learning_rate=1e-3, warmup_steps=0, distinct_blocks=2, tying_interval=2,
+        max_test_blocks=16, seeds=(0,),
+    ),  # fmt: skip
+    # The study's model, data and teacher schedule (2,000 steps of 16 x 64 tokens at 3e-3); uptraining 1,000 steps at
+    # 1e-3 (the rate of the issue's probe); k = 2 as in the study, so DLT takes 500 decisions.
+    "default": CompressSettings(
+        n_layer=12, n_embd=64, n_head=4, block_size=64, batch_size=16, teacher_steps=2000, teacher_learning_rate=3e-3,
+        uptrain_steps=1000, uptrain_learning_rate=1e-3, warmup_steps=50, distinct_blocks=4, tying_interval=2,
+        max_test_blocks=None, seeds=(0, 1, 2, 3, 4),
+    ),  # fmt: skip
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the table. `start`: "teacher" (converted), "truncated" (its first blocks), "scratch"."""
+
+    label: str
+    start: str
+    strategy: str = "none"
+    tie_init: str | None = None
+    untie_init: str | None = None
+    all_tokens: bool = False  # from scratch for the teacher's steps and the uptraining's
+
+    @property
+    def directory(self) -> str:
+        return "".join(character if character.isalnum() else "-" for character in self.label).strip("-")
+
+
+def plan(settings: CompressSettings) -> list[Row]:
+    """The rows, teacher first (every conversion reads it)."""
+    budget = settings.distinct_blocks
+    rows = [Row(f"teacher, {settings.n_layer} blocks, continued (ceiling)", "teacher")]
+    for pattern in ("cycle", "sequence", "similarity"):
+        strategy = f"similarity:{budget}" if pattern == "similarity" else f"static:{pattern}:{budget}"
+        rows += [Row(f"converted, {pattern}, {init}", "teacher", strategy, tie_init=init) for init in ("root", "mean")]
+    rows += [
+        Row(f"converted, dlt from sequence, mean, untie to {untie}", "teacher", "dlt", tie_init="mean", untie_init=untie)
+        for untie in ("own", "source")
+    ]
+    rows += [
+        Row(f"teacher truncated to its first {budget} blocks", "truncated"),
+        Row(f"untied {budget} blocks from scratch, uptraining steps", "scratch"),
+        Row(f"untied {budget} blocks from scratch, teacher + uptraining steps", "scratch", all_tokens=True),
+    ]
+    return rows
+
+
+@dataclass
+class CompressArguments:
+    preset: str = field(default="default", metadata={"help": f"One of {', '.join(PRESETS)}."})
+    seeds: str | None = field(default=None, metadata={"help": "Comma-separated seeds (default: the preset's)."})
+    results_dir: str | None = field(default=None, metadata={"help": "Default: bench/results/compress-<preset>."})
+    report_dir: str | None = field(default=None, metadata={"help": "Default: docs/compress (preset default), else the results dir."})
+    report_only: bool = field(default=False, metadata={"help": "Write the report from finished runs; train nothing."})
+    single_run: str | None = field(default=None, metadata={"help": "Internal: the row label and seed this process runs."})
+
+    def settings(self) -> CompressSettings:
+        if self.preset not in PRESETS:
+            raise ValueError(f"--preset {self.preset!r}: expected one of {', '.join(PRESETS)}")
+        settings = PRESETS[self.preset]
+        if self.seeds is not None:
+            parts = [part.strip() for part in self.seeds.split(",") if part.strip()]
+            if not parts or not all(part.isdecimal() for part in parts):
+                raise ValueError(f"--seeds {self.seeds!r}: expected comma-separated non-negative integers, e.g. '0,1'")
+            settings = dataclasses.replace(settings, seeds=tuple(int(part) for part in parts))
+        return settings
+
+    def output(self) -> Path:
+        return Path(self.results_dir) if self.results_dir else REPO_ROOT / "bench" / "results" / f"compress-{self.preset}"
+
+    def report(self) -> Path:
+        if self.report_dir:
+            return Path(self.report_dir)
+        return REPO_ROOT / "docs" / "compress" if self.preset == "default" else self.output()
+
+
+def main() -> None:
+    (args,) = HfArgumentParser(CompressArguments).parse_args_into_dataclasses()
+    settings, output = args.settings(), args.output()
+    if args.single_run is not None:
+        from bench.compress_run import run_row
+
+        label, seed = json.loads(args.single_run)
+        row = next(row for row in plan(settings) if row.label == label)
+        run_dir = output / f"seed{seed}" / row.directory
+        result = {**run_row(settings, row, seed, run_dir, output / f"seed{seed}"), **provenance()}
+        temporary = run_dir / "result.json.tmp"
+        temporary.write_text(json.dumps(result, indent=2))
+        os.replace(temporary, run_dir / "result.json")  # a result file is always complete
+        return
+    _claim(output, settings)
+    failures = [] if args.report_only else _run_all(settings, output)
+    from bench.compress_report import write_report
+
+    print(f"\nReport: {write_report(settings, plan(settings), output, args.report())}")
+    if failures:
+        sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
+
+
+def _claim(output: Path, settings: CompressSettings) -> None:
+    output.mkdir(parents=True, exist_ok=True)
+    settings_file = output / "settings.json"
+    if settings_file.is_file() and json.loads(settings_file.read_text())["fingerprint"] != settings.fingerprint():
+        raise SystemExit(f"{output} holds runs measured with other settings ({settings_file}); pass another --results_dir")
+    settings_file.write_text(json.dumps({"fingerprint": settings.fingerprint()}, indent=2))
+
+
+def _run_all(settings: CompressSettings, output: Path) -> list[str]:
+    rows, failures = plan(settings), []
+    todo = [(row, seed) for seed in settings.seeds for row in rows]
+    with tqdm(total=len(todo), desc="Compression runs", unit="run") as progress:
+        for row, seed in todo:
+            run_dir = output / f"seed{seed}" / row.directory
+            if not (run_dir / "result.json").is_file():
+                run_dir.mkdir(parents=True, exist_ok=True)
+                command = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--single_run", json.dumps([row.label, seed])]
+                with open(run_dir / "log.txt", "w") as log:
+                    code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                if code != 0:
+                    failures.append(f"{row.label} seed {seed} (exit code {code}): {run_dir / 'log.txt'}")
+                    progress.update()
+                    continue
+                result = json.loads((run_dir / "result.json").read_text())
+                progress.write(f"seed {seed} {row.label}: test loss {result['test_loss']:.4f}, {result['train_seconds']:.0f} s")
+            progress.update()
+    return failures
+
+
+if __name__ == "__main__":
+    main()

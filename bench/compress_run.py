@@ -1,0 +1,143 @@
+"""One row of `bench/compress.py` for one seed: build its starting model, train it with `TyingTrainer`, measure.
+
+The conversions take the path `run_clm.py --model_name_or_path <teacher> --tying_strategy ... --tie_init ...` takes:
+the teacher loaded untied into `TiedGPT2LMHeadModel`, the strategy's first map applied by the trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import datasets
+from transformers import default_data_collator, set_seed
+
+from hf_layertie import TiedGPT2LMHeadModel
+from hf_layertie.decisions import DECISIONS
+from hf_layertie.toolkit.models import load_tokenizer
+from hf_layertie.trainer import TyingTrainer, TyingTrainingArguments
+
+from .compress import CompressSettings, Row
+from .measure import TOKENIZER, RunMeter, build_model, process_peak_bytes, study_blocks
+
+TEACHER_DIR = "teacher-model"
+# Uptraining batches come in another order than the teacher's (its data seed plus this), the same for every row.
+UPTRAIN_DATA_SEED_OFFSET = 1000
+
+
+def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed_dir: Path) -> dict:
+    """Train and measure `row` for `seed`; the teacher of the seed is trained first if it is not there yet."""
+    import torch
+
+    torch.set_num_threads(1)
+    datasets.disable_progress_bars()
+    tokenizer = load_tokenizer(TOKENIZER)
+    blocks = study_blocks(settings, tokenizer)
+    teacher = seed_dir / TEACHER_DIR
+    if row.start != "scratch" and not (teacher / "teacher_result.json").is_file():
+        _train_teacher(settings, seed, blocks, tokenizer, teacher)
+
+    set_seed(seed)
+    if row.start == "teacher":
+        model = TiedGPT2LMHeadModel.from_pretrained(teacher)
+    elif row.start == "truncated":
+        model = TiedGPT2LMHeadModel.from_pretrained(teacher, n_layer=settings.distinct_blocks)
+    else:
+        model = build_model(tokenizer, settings.distinct_blocks, settings.n_embd, settings.n_head, settings.block_size)
+    scratch = row.start == "scratch"
+    steps = settings.uptrain_steps + (settings.teacher_steps if row.all_tokens else 0)
+    args = _arguments(
+        settings,
+        run_dir,
+        seed,
+        steps=steps,
+        # From scratch, the study's schedule (what a user would train a small model with); uptraining, its own.
+        learning_rate=settings.teacher_learning_rate if scratch else settings.uptrain_learning_rate,
+        warmup_steps=settings.warmup_steps if scratch else 0,
+        data_seed=seed if row.all_tokens else seed + UPTRAIN_DATA_SEED_OFFSET,
+        tying=_tying_settings(settings, row),
+    )
+    trainer = TyingTrainer(model=model, args=args, train_dataset=blocks["train"], data_collator=default_data_collator)
+    meter = RunMeter(trainer)
+    trainer.add_callback(meter)
+    train_seconds = trainer.train().metrics["train_runtime"]
+    peak_bytes, peak_kind = process_peak_bytes()
+    losses = {split: trainer.evaluate(eval_dataset=blocks[split], metric_key_prefix=split)[f"{split}_loss"] for split in ("validation", "test")}
+    return {
+        "label": row.label,
+        "seed": seed,
+        "map_choice": row.strategy.removeprefix("static:").split(":")[0] if row.strategy != "none" else row.start,
+        "tie_init": row.tie_init,
+        "untie_init": row.untie_init,
+        "lora_rank": None,
+        "learning_rate": args.learning_rate,
+        "train_steps": steps,
+        "num_blocks": len(model.tying_map),
+        "distinct_blocks": model.tying_map.num_distinct,
+        "distinct_peak": max(meter.distinct_per_step),
+        "final_map": model.tying_map.to_list(),
+        "trainable_parameters": model.parameter_counts().trainable,
+        "validation_loss": losses["validation"],
+        "test_loss": losses["test"],
+        "teacher_test_loss": json.loads((teacher / "teacher_result.json").read_text())["test_loss"] if not scratch else None,
+        "peak_state_bytes": meter.peak_state_bytes,
+        "peak_process_bytes": peak_bytes,
+        "peak_process_kind": peak_kind,
+        "train_seconds": train_seconds,
+    }
+
+
+def _tying_settings(settings: CompressSettings, row: Row) -> dict:
+    tying = dict(
+        tying_strategy=row.strategy,
+        tie_init=row.tie_init,
+        untie_init=row.untie_init,
+        tying_interval=settings.tying_interval,
+        max_distinct_blocks=settings.distinct_blocks,
+        tying_initial_map=f"sequence:{settings.distinct_blocks}",
+        similarity_warmup_steps=0,  # measure the teacher as loaded
+    )
+    reads = DECISIONS[row.strategy.partition(":")[0]].settings
+    return {name: value for name, value in tying.items() if name == "tying_strategy" or (name in reads and value is not None)}
+
+
+def _arguments(settings: CompressSettings, output_dir: Path, seed: int, *, steps, learning_rate, warmup_steps, data_seed, tying) -> TyingTrainingArguments:
+    return TyingTrainingArguments(
+        output_dir=str(output_dir),
+        **tying,
+        max_steps=steps,
+        per_device_train_batch_size=settings.batch_size,
+        per_device_eval_batch_size=4 * settings.batch_size,
+        learning_rate=learning_rate,
+        warmup_steps=warmup_steps,
+        lr_scheduler_type="cosine",
+        weight_decay=0.1,
+        seed=seed,
+        data_seed=data_seed,
+        use_cpu=True,
+        eval_strategy="no",
+        save_strategy="no",
+        logging_steps=max(1, steps // 10),
+        report_to=[],
+        disable_tqdm=True,
+        tying_plot=False,
+    )
+
+
+def _train_teacher(settings: CompressSettings, seed: int, blocks, tokenizer, teacher: Path) -> None:
+    """The 12-block model every conversion starts from, trained conventionally as in the study; saved with its
+    test loss (written last: a teacher folder with `teacher_result.json` is complete)."""
+    set_seed(seed)
+    model = build_model(tokenizer, settings.n_layer, settings.n_embd, settings.n_head, settings.block_size)
+    args = _arguments(
+        settings, teacher, seed, steps=settings.teacher_steps, learning_rate=settings.teacher_learning_rate,
+        warmup_steps=settings.warmup_steps, data_seed=seed, tying={"tying_strategy": "none"},
+    )  # fmt: skip
+    trainer = TyingTrainer(model=model, args=args, train_dataset=blocks["train"], data_collator=default_data_collator)
+    trainer.train()
+    trainer.save_model()
+    test_loss = trainer.evaluate(eval_dataset=blocks["test"], metric_key_prefix="test")["test_loss"]
+    temporary = teacher / "teacher_result.json.tmp"
+    temporary.write_text(json.dumps({"test_loss": test_loss, "steps": settings.teacher_steps}))
+    os.replace(temporary, teacher / "teacher_result.json")

@@ -1,0 +1,148 @@
+"""Converting a trained model by tying (README, "Compressing a trained model"): `retie(..., tie_init="mean")` and
+the trainer's `tie_init`, which start each group from its blocks' average, and `untie_init="own"`, which gives a
+block untied by a decision its own weights from the start of training back."""
+
+import pytest
+import torch
+from conftest import GPT2, every_kind
+from test_tied_models import assert_blocks_share_as, block_parameters, load_cleanly, logits, perturb_
+from test_run_scripts import clm_run, text_files, tiny_flags  # noqa: F401 (fixtures)
+from test_tying_trainer import OptimizerMatchesModel, make_trainer, tiny_model, tying_args
+from transformers import AutoModelForCausalLM, AutoTokenizer, OPTConfig, OPTForCausalLM
+
+from hf_layertie import TyingMap
+from hf_layertie.language_modeling import CAUSAL_LM, run
+
+
+@every_kind
+def test_retie_with_mean_equals_loading_the_checkpoint_with_tie_init_mean(kind, tmp_path):
+    entries = [0, 0, 2, 2, 2, 5]
+    plain = kind.plain_model(len(entries), seed=5)
+    perturb_(plain, seed=6)
+    plain.save_pretrained(tmp_path)
+    converted = load_cleanly(kind.tied_class, tmp_path, tying_map=entries, tie_init="mean")
+
+    loaded = load_cleanly(kind.tied_class, tmp_path)
+    report = loaded.retie(entries, tie_init="mean")
+
+    assert_blocks_share_as(loaded, TyingMap(entries))
+    assert torch.equal(logits(loaded), logits(converted))
+    # Two groups are averages (new Parameters), block 5 keeps its own objects; blocks 1, 3, 4 and the sources vanish.
+    assert len(report.averaged_from) == 2 * len(block_parameters(loaded, 0)) and not report.copied_from
+    assert set(report.added) == set(report.averaged_from)
+
+
+def test_retie_with_mean_averages_each_distinct_set_of_weights_once():
+    model = GPT2.tied_model([0, 0, 0, 3], seed=1)  # blocks 0-2 compute with one set of weights, block 3 with another
+    before = {root: block_parameters(model, root) for root in (0, 3)}
+    model.retie([0, 0, 0, 0], tie_init="mean")
+    for name, parameter in block_parameters(model, 0).items():
+        assert torch.allclose(parameter, (before[0][name] + before[3][name]) / 2)
+
+
+def test_retie_refuses_an_unknown_tie_init():
+    with pytest.raises(ValueError, match=r"tie_init must be one of \('root', 'mean'\), got 'median'"):
+        GPT2.tied_model([0, 1]).retie([0, 0], tie_init="median")
+
+
+@pytest.mark.parametrize("strategy", ["static:0,0,2,2", "similarity:2"])
+def test_the_trainer_converts_with_tie_init_mean_and_trains_the_averages(tmp_path, strategy):
+    model = tiny_model()
+    perturb_(model, seed=3)
+    blocks = [{name: parameter.detach().clone() for name, parameter in block_parameters(model, block).items()} for block in range(4)]
+    trainer = make_trainer(tmp_path, model=model, tying_strategy=strategy, tie_init="mean", learning_rate=0.0, max_steps=2)
+    check = OptimizerMatchesModel()
+    check.trainer = trainer
+    trainer.add_callback(check)
+    trainer.train()
+
+    assert check.checked_steps == 2  # the averages are in the optimizer at every step
+    for root, members in model.tying_map.groups().items():
+        for name, parameter in block_parameters(model, root).items():
+            assert torch.allclose(parameter, torch.stack([blocks[member][name] for member in members]).mean(dim=0))
+
+
+@pytest.mark.parametrize("untie_init, restored", [("own", True), ("source", False)])
+def test_untie_init_own_gives_an_untied_block_its_own_weights_back(tmp_path, untie_init, restored):
+    # A learning rate of 0 keeps every weight where the decisions put it: an untied block's weights are its own
+    # from the start (untie_init="own") or block 0's, which every block shared at first ("source").
+    model = tiny_model(num_blocks=6)
+    perturb_(model, seed=3)  # no two blocks alike, layer norms included
+    start = [{name: parameter.detach().clone() for name, parameter in block_parameters(model, block).items()} for block in range(6)]
+    trainer = make_trainer(tmp_path, model=model, tying_strategy="random", untie_init=untie_init, learning_rate=0.0, tying_interval=1)
+    trainer.train()
+
+    untied = [block for block in model.tying_map.independent_blocks if block > 0]
+    assert untied, "no block was untied; pick another agent seed"
+    for block in untied:
+        for name, parameter in block_parameters(model, block).items():
+            own = start[block][name]
+            assert torch.equal(parameter, own) is restored
+            assert torch.equal(parameter, start[0][name]) is not restored
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(tying_strategy="static:all", tie_init="median"), r"tie_init must be one of 'root', 'mean', got 'median'"),
+        (dict(tying_strategy="dlt", untie_init="trained"), r"untie_init must be one of 'source', 'own', got 'trained'"),
+        (dict(tying_strategy="static:all", untie_init="own"), "'static:all' does not read untie_init"),
+        (dict(tying_strategy="none", tie_init="mean"), "'none' does not read tie_init"),
+    ],
+)
+def test_conversion_settings_are_checked_naming_the_setting(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tying_args(tmp_path, **overrides)
+
+
+# ----- the workflow from run_clm.py -----
+
+
+@pytest.fixture(scope="module")
+def trained_plain_checkpoint(tmp_path_factory, clm_run):
+    """A trained plain GPT-2 of 3 blocks with its tokenizer: the tied test run's model exported by `to_untied()`."""
+
+    folder = tmp_path_factory.mktemp("plain")
+    AutoModelForCausalLM.from_pretrained(clm_run[0]).to_untied().save_pretrained(folder)
+    AutoTokenizer.from_pretrained(clm_run[0]).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("strategy, expected_map", [("static:sequence:2", [0, 0, 2]), ("similarity:2", None)])
+def test_run_clm_converts_a_trained_checkpoint_and_exports_it_for_stock_transformers(
+    tmp_path, text_files, trained_plain_checkpoint, strategy, expected_map
+):
+    flags = tiny_flags(tmp_path / "run", text_files, "", "--tying_strategy", strategy, "--tie_init", "mean")
+    flags = [flag for flag in flags if flag not in ("--config_overrides", "")]
+    run(CAUSAL_LM, [*flags, "--model_name_or_path", str(trained_plain_checkpoint)])
+
+    tied = AutoModelForCausalLM.from_pretrained(tmp_path / "run").eval()
+    assert tied.tying_map.num_distinct == 2
+    if expected_map is not None:
+        assert tied.tying_map.to_list() == expected_map
+    tied.to_untied().save_pretrained(tmp_path / "export")
+    stock = AutoModelForCausalLM.from_pretrained(tmp_path / "export").eval()
+    ids = torch.randint(0, stock.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(stock(input_ids=ids).logits, tied(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize(
+    "strategy, message",
+    [
+        ("static:0,0,1,1", r"tying_strategy='static:0,0,1,1' does not fit the model: .*4 entries"),
+        ("similarity:5", r"'similarity:5' asks for more distinct blocks than the model's 3"),
+    ],
+)
+def test_a_map_that_does_not_fit_the_checkpoint_is_named(tmp_path, text_files, trained_plain_checkpoint, strategy, message):
+
+    flags = [flag for flag in tiny_flags(tmp_path, text_files, "", "--tying_strategy", strategy) if flag not in ("--config_overrides", "")]
+    with pytest.raises(ValueError, match=message):
+        run(CAUSAL_LM, [*flags, "--model_name_or_path", str(trained_plain_checkpoint)])
+
+
+def test_a_checkpoint_of_an_architecture_without_a_tied_class_is_named(tmp_path, text_files, trained_plain_checkpoint):
+    OPTForCausalLM(OPTConfig(hidden_size=16, num_hidden_layers=2, ffn_dim=32, num_attention_heads=2, vocab_size=100, word_embed_proj_dim=16)).save_pretrained(tmp_path / "opt")
+    flags = [flag for flag in tiny_flags(tmp_path / "o", text_files, "", "--tying_strategy", "static:all") if flag not in ("--config_overrides", "")]
+    with pytest.raises(ValueError, match=r"is a 'opt' checkpoint, which hf-layertie has no tied class for"):
+        run(CAUSAL_LM, [*flags, "--model_name_or_path", str(tmp_path / "opt"), "--tokenizer_name", str(trained_plain_checkpoint)])
