@@ -33,7 +33,7 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
     torch.set_num_threads(1)
     datasets.disable_progress_bars()
     tokenizer = load_tokenizer(TOKENIZER)
-    blocks = study_blocks(settings, tokenizer)
+    blocks = study_blocks(tokenizer, settings.block_size, settings.max_test_blocks)
     teacher = seed_dir / TEACHER_DIR
     if row.start != "scratch" and not (teacher / "teacher_result.json").is_file():
         _train_teacher(settings, seed, blocks, tokenizer, teacher)

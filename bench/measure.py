@@ -29,6 +29,7 @@ from hf_layertie.toolkit.data import take_first, tokenize_and_group
 from hf_layertie.toolkit.models import load_model, load_tokenizer
 from hf_layertie.trainer import TyingTrainer, TyingTrainingArguments, plot_tying_history
 
+from .provenance import provenance
 from .settings import BENCH_PLAYS_DIR, STUDY_SPLITS, BenchSettings, RunSpec
 
 TOKENIZER = "shakespeare-bpe"
@@ -74,37 +75,59 @@ def process_peak_bytes() -> tuple[int, str]:
 # ----- data and model -----
 
 
-def study_files() -> dict[str, list[str]]:
-    """All 42 works (9 shipped in the package, 33 in bench/data), split by `STUDY_SPLITS`."""
+def study_files(train_works: tuple[str, ...] | None = None) -> dict[str, list[str]]:
+    """All 42 works (9 shipped in the package, 33 in bench/data), split by `STUDY_SPLITS`; `train_works` (names
+    such as "julius_caesar") narrows the training split to those works."""
     paths = {path.name.removesuffix("_gut.txt"): path for folder in (SHAKESPEARE_DIR, BENCH_PLAYS_DIR) for path in folder.glob("*_gut.txt")}
     held_out = {work for works in STUDY_SPLITS.values() for work in works}
     missing = held_out - paths.keys()
     if missing or len(paths) != 42:
         raise FileNotFoundError(f"The study reads 42 works from {SHAKESPEARE_DIR} and {BENCH_PLAYS_DIR}; found {len(paths)}, missing {sorted(missing)}")
     files = {split: [str(paths[work]) for work in works] for split, works in STUDY_SPLITS.items()}
-    files["train"] = [str(path) for work, path in sorted(paths.items()) if work not in held_out]
+    training = [work for work in sorted(paths) if work not in held_out]
+    if train_works is not None:
+        unknown = sorted(set(train_works) - set(training))
+        if unknown:
+            raise ValueError(f"train_works {unknown} are not training works; training works: {', '.join(training)}")
+        training = list(train_works)
+    files["train"] = [str(paths[work]) for work in training]
     return files
 
 
-def study_blocks(settings: BenchSettings, tokenizer) -> datasets.DatasetDict:
-    """train / validation / test in blocks of `block_size` tokens (`datasets` caches the tokenization)."""
-    raw = datasets.load_dataset("text", data_files=study_files(), keep_linebreaks=True)
-    blocks = tokenize_and_group(raw, tokenizer, "text", settings.block_size)
-    blocks["test"] = take_first(blocks["test"], settings.max_test_blocks)
+def study_blocks(
+    tokenizer,
+    block_size: int,
+    max_test_blocks: int | None = None,
+    train_works: tuple[str, ...] | None = None,
+    max_validation_blocks: int | None = None,
+) -> datasets.DatasetDict:
+    """train / validation / test in blocks of `block_size` tokens, evaluation splits capped to their first blocks
+    (`datasets` caches the tokenization)."""
+    raw = datasets.load_dataset("text", data_files=study_files(train_works), keep_linebreaks=True)
+    blocks = tokenize_and_group(raw, tokenizer, "text", block_size)
+    blocks["test"] = take_first(blocks["test"], max_test_blocks)
+    blocks["validation"] = take_first(blocks["validation"], max_validation_blocks)
     return blocks
+
+
+def settings_blocks(settings: BenchSettings, tokenizer) -> datasets.DatasetDict:
+    """`study_blocks` as a study's settings size them."""
+    return study_blocks(tokenizer, settings.block_size, settings.max_test_blocks, settings.train_works, settings.max_validation_blocks)
 
 
 def count_bigram_test_loss(settings: BenchSettings) -> float:
     """The count bigram of the same tokenization, trained on the training works, scored on the test blocks."""
     datasets.disable_progress_bars()
     tokenizer = load_tokenizer(TOKENIZER)
-    blocks = study_blocks(settings, tokenizer)
+    blocks = settings_blocks(settings, tokenizer)
     return bigram_loss(blocks["train"]["input_ids"], blocks["test"]["input_ids"], len(tokenizer))
 
 
-def build_model(tokenizer, num_blocks: int, hidden: int, heads: int, context: int):
-    """A TiedGPT2 from scratch with every block independent, no dropout (the runs see each token about once)."""
-    overrides = f"n_layer={num_blocks},n_embd={hidden},n_head={heads},n_positions={context},resid_pdrop=0.0,embd_pdrop=0.0,attn_pdrop=0.0"
+def build_model(tokenizer, num_blocks: int, hidden: int, heads: int, context: int, dropout: float = 0.0):
+    """A TiedGPT2 from scratch with every block independent; no dropout unless told (the default study sees each
+    token about once; the paper's regime, many epochs of a small corpus, uses 0.2)."""
+    drop = ",".join(f"{name}={dropout}" for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"))
+    overrides = f"n_layer={num_blocks},n_embd={hidden},n_head={heads},n_positions={context},{drop}"
     return load_model("tied_gpt2", tokenizer, config_overrides=overrides)
 
 
@@ -121,6 +144,7 @@ def training_arguments(settings: BenchSettings, spec: RunSpec, output_dir: Path)
     )
     reads = DECISIONS[spec.strategy.partition(":")[0]].settings
     tying = {name: value for name, value in tying.items() if name == "tying_strategy" or name in reads}
+    tying.update(spec.tying)
     batch_size = settings.memory_batch_size if memory else settings.batch_size
     return TyingTrainingArguments(
         output_dir=str(output_dir),
@@ -135,7 +159,8 @@ def training_arguments(settings: BenchSettings, spec: RunSpec, output_dir: Path)
         seed=spec.seed,
         data_seed=spec.seed,
         use_cpu=not settings.use_gpu,
-        eval_strategy="no",
+        eval_strategy="steps" if settings.eval_interval and not memory else "no",
+        eval_steps=settings.eval_interval,
         save_strategy="no",
         logging_steps=max(1, steps // 10),
         report_to=[],
@@ -155,18 +180,22 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
         torch.set_num_threads(settings.num_threads)
     datasets.disable_progress_bars()
     tokenizer = load_tokenizer(TOKENIZER)
-    blocks = study_blocks(settings, tokenizer)
+    blocks = settings_blocks(settings, tokenizer)
     memory = spec.kind == "memory"
     args = training_arguments(settings, spec, run_dir)
     set_seed(spec.seed)  # the same initial weights for every strategy of a seed
     model = build_model(
         tokenizer,
-        spec.num_blocks if memory else settings.n_layer,
+        spec.num_blocks or settings.n_layer,
         settings.memory_n_embd if memory else settings.n_embd,
         settings.memory_n_head if memory else settings.n_head,
         settings.block_size,
+        0.0 if memory else settings.dropout,
     )
-    trainer = TyingTrainer(model=model, args=args, train_dataset=blocks["train"], data_collator=default_data_collator)
+    evaluated = {split: blocks[split] for split in ("validation", "test")} if args.eval_strategy != "no" else None
+    trainer = TyingTrainer(
+        model=model, args=args, train_dataset=blocks["train"], eval_dataset=evaluated, data_collator=default_data_collator
+    )
     meter = RunMeter(trainer)
     trainer.add_callback(meter)
     train_seconds = trainer.train().metrics["train_runtime"]
@@ -189,6 +218,8 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
         "train_seconds": train_seconds,
         "tying_seconds": trainer.tying_seconds,
         "tying_decisions": len(trainer.tying_records),
+        "learning_rate": settings.learning_rate,
+        **provenance(),
     }
     if memory:
         result["retie_ms"] = retie_milliseconds(model)
@@ -196,9 +227,31 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
         for split in ("validation", "test"):
             result[f"{split}_loss"] = trainer.evaluate(eval_dataset=blocks[split], metric_key_prefix=split)[f"{split}_loss"]
         result["test_tokens"] = len(blocks["test"]) * settings.block_size
+        result.update(model_selection(trainer.state.log_history, trainer.state.global_step, result))
     if trainer.tying_records:
         plot_tying_history(trainer.tying_records, run_dir / "tying_map.png", final_step=trainer.state.global_step)
     return result
+
+
+def model_selection(log_history: list[dict], final_step: int, final: dict) -> dict:
+    """The paper's model selection from the losses measured during training (`eval_validation_loss` and
+    `eval_test_loss` every `eval_interval` steps, as the Trainer logs them) and at the end: the step of the lowest
+    validation loss, the test loss there, and the whole curve. Without evaluations during training the end is the
+    only candidate."""
+    measured: dict[int, dict] = {}  # the Trainer logs each evaluation dataset's metrics as an entry of its own
+    for entry in log_history:
+        for split in ("validation", "test"):
+            if f"eval_{split}_loss" in entry and entry["step"] < final_step:
+                measured.setdefault(entry["step"], {"step": entry["step"]})[f"{split}_loss"] = entry[f"eval_{split}_loss"]
+    curve = [point for _, point in sorted(measured.items())]
+    curve.append({"step": final_step, "validation_loss": final["validation_loss"], "test_loss": final["test_loss"]})
+    best = min(curve, key=lambda point: point["validation_loss"])
+    return {
+        "best_validation_step": best["step"],
+        "test_loss_at_best_validation": best["test_loss"],
+        "final_test_loss": final["test_loss"],
+        "validation_curve": curve,
+    }
 
 
 def retie_milliseconds(model, repeats: int = 50) -> float:

@@ -20,9 +20,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from .settings import FINAL_MAP_LABEL, STATIC_LAYOUTS, BenchSettings, RunSpec, independent_runs, memory_runs, runs_after_dlt  # noqa: E402
+from .settings import (  # noqa: E402
+    FINAL_MAP_LABEL,
+    RANDOM_FINAL_MAP_LABEL,
+    STATIC_LAYOUTS,
+    BenchSettings,
+    RunSpec,
+    independent_runs,
+    memory_runs,
+    runs_after,
+    untied_label,
+)
 
-MB = 2**20
+MIB = 2**20
 
 
 def load_result(run_dir: Path) -> dict:
@@ -39,9 +49,10 @@ def collect_study(settings: BenchSettings, output: Path) -> dict[str, dict[int, 
     table: dict[str, dict[int, dict]] = {}
     for seed in settings.seeds:
         specs = independent_runs(settings, seed)
-        dlt = _try_load(output, specs[1])
-        if dlt is not None:
-            specs += runs_after_dlt(seed, dlt["final_map"], dlt["distinct_final"], dlt["distinct_mean"])
+        for spec in list(specs):
+            result = _try_load(output, spec)
+            if result is not None:
+                specs += runs_after(spec, result)
         for spec in specs:
             result = _try_load(output, spec)
             table.setdefault(spec.label, {})
@@ -84,6 +95,11 @@ def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
         default=None,
     )
     dlt_final = {seed: run["distinct_final"] for seed, run in measured.get("dlt", {}).items()}
+    untied = next((label for label in measured if label.startswith("untied, ")), None)
+    baselines = (
+        ("none", "none"), ("untied U", untied), ("random", "random"), ("best static", best_static), ("dlt", "dlt"),
+        ("random final map", RANDOM_FINAL_MAP_LABEL),
+    )  # fmt: skip
     rows = {}
     for label, runs in measured.items():
         results = list(runs.values())
@@ -97,18 +113,43 @@ def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
             "distinct_final": statistics.fmean(run["distinct_final"] for run in results),
             "distinct_mean": statistics.fmean(run["distinct_mean"] for run in results),
             "distinct_peak": max(run["distinct_peak"] for run in results),
-            "peak_state_mb": statistics.fmean(run["peak_state_bytes"] for run in results) / MB,
-            "peak_process_mb": statistics.fmean(run["peak_process_bytes"] for run in results) / MB,
+            "peak_state_mib": statistics.fmean(run["peak_state_bytes"] for run in results) / MIB,
+            "peak_process_mib": statistics.fmean(run["peak_process_bytes"] for run in results) / MIB,
             "train_seconds": statistics.fmean(run["train_seconds"] for run in results),
             "agent_overhead": statistics.fmean(sum(run["tying_seconds"].values()) / run["train_seconds"] for run in results),
             "versus": {
                 name: paired_difference(runs, measured[other])
-                for name, other in (("none", "none"), ("random", "random"), ("best static", best_static), ("dlt", "dlt"))
+                for name, other in baselines
                 if other in measured and other != label
                 and (name != "best static" or _same_final_budget(runs, dlt_final))
             },
+            "selected": _selected(runs, measured, baselines),
+            "provenance": sorted({_provenance(run) for run in results}),
         }
     return {"rows": rows, "best_static_at_final_budget": best_static}
+
+
+def _selected(runs: dict[int, dict], measured: dict[str, dict[int, dict]], baselines) -> dict | None:
+    """The paper's model selection: test loss at each run's best-validation step, and its paired differences."""
+    if not all("test_loss_at_best_validation" in run for run in runs.values()):
+        return None
+    loss, half = interval([run["test_loss_at_best_validation"] for run in runs.values()])
+    versus = {
+        name: paired_difference(runs, measured[other], key="test_loss_at_best_validation")
+        for name, other in baselines
+        if other in measured and runs is not measured[other]
+        and all("test_loss_at_best_validation" in run for run in measured[other].values())
+    }
+    steps = statistics.fmean(run["best_validation_step"] for run in runs.values())
+    return {"test_loss": loss, "test_loss_half_width": half, "best_validation_step": steps, "versus": versus}
+
+
+def _provenance(run: dict) -> str:
+    """Which code and versions a run came from (`bench/provenance.py`; runs from before it say so)."""
+    if "commit" not in run:
+        return "unrecorded (a run from before provenance was recorded)"
+    versions = ", ".join(f"{name} {value}" for name, value in run["versions"].items())
+    return f"commit {run['commit']}, {versions}"
 
 
 def _same_final_budget(runs: dict[int, dict], dlt_final: dict[int, int]) -> bool:
@@ -147,6 +188,8 @@ def write_report(settings: BenchSettings, output: Path) -> Path:
     _plot_quality(summary["rows"], table, baselines["bigram_test_loss"], output / "quality_vs_distinct.png")
     if memory:
         _plot_memory(memory, output / "memory_vs_depth.png")
+    if settings.eval_interval:
+        _plot_validation(table, output / "validation_over_steps.png")
     report = output / "results.md"
     report.write_text(_markdown(settings, payload))
     return report
@@ -166,30 +209,61 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
         f"on validation loss): {best}; compared only with runs that ended at DLT's number of distinct blocks in "
         f"every seed.",
         "",
-        "| strategy | seeds | test loss | ppl | distinct final / mean / peak | vs none | vs random | vs best static | peak state MB | peak RSS MB | agent time |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"`{untied_label(settings)}` is conventional training of a model with as many blocks as the budget: the same "
+        f"parameters, gradients and optimizer state as a tied model with U distinct blocks. Memory in MiB.",
+        "",
+        "| strategy | seeds | test loss | ppl | distinct final / mean / peak | vs none | vs untied U | vs random | vs best static | peak state MiB | peak RSS MiB | train s | agent time |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, row in rows.items():
         twin = _same_runs_as(label, payload["runs"])
         if twin is not None:  # e.g. DLT's mean budget rounds to its final one in every seed
-            lines.append(f"| {label} | {len(row['seeds'])} | the same runs as {twin} |" + " |" * 8)
+            lines.append(f"| {label} | {len(row['seeds'])} | the same runs as {twin} |" + " |" * 10)
             continue
         versus = row["versus"]
         lines.append(
             f"| {label} | {len(row['seeds'])} | {row['test_loss']:.3f} ± {row['test_loss_half_width']:.3f} | {row['test_perplexity']:.1f} "
             f"| {row['distinct_final']:.1f} / {row['distinct_mean']:.1f} / {row['distinct_peak']} "
-            f"| {_cell(versus.get('none'))} | {_cell(versus.get('random'))} | {_cell(versus.get('best static'))} "
-            f"| {row['peak_state_mb']:.2f} | {row['peak_process_mb']:.0f} | {100 * row['agent_overhead']:.1f}% |"
+            f"| {_cell(versus.get('none'))} | {_cell(versus.get('untied U'))} | {_cell(versus.get('random'))} "
+            f"| {_cell(versus.get('best static'))} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} "
+            f"| {row['train_seconds']:.0f} | {100 * row['agent_overhead']:.1f}% |"
         )
+    lines += _selection_lines(settings, rows)
     lines += ["", "Paired verdicts (test loss, 95% interval):", ""]
     # DLT's final map from scratch against DLT: whether the maps or the moving between them cost the quality.
-    for label in ("dlt", "dlt (paper agent)", FINAL_MAP_LABEL):
+    for label in ("dlt", "dlt (paper agent)", FINAL_MAP_LABEL, RANDOM_FINAL_MAP_LABEL):
         for name, difference in rows.get(label, {}).get("versus", {}).items():
             if difference is not None:
                 lines.append(f"- {label} vs {name}: {difference['verdict']} ({_cell(difference)} nats, {difference['seeds']} seeds)")
     lines += _overhead_lines(payload["runs"].get("dlt", {}))
     lines += _memory_lines(payload["memory"])
+    sources = sorted({source for row in rows.values() for source in row["provenance"]})
+    lines += ["", "Runs came from: " + "; ".join(sources) + ("" if len(sources) == 1 else " (MIXED: rerun the rows before comparing them)")]
     return "\n".join(lines) + "\n"
+
+
+def _selection_lines(settings: BenchSettings, rows: dict[str, dict]) -> list[str]:
+    """With evaluations during training: the test loss at each run's best-validation step (the paper's selection)."""
+    if not settings.eval_interval:
+        return []
+    lines = [
+        "",
+        f"Model selection as in the paper: validation and test loss every {settings.eval_interval} steps; each run's "
+        "test loss at its lowest validation loss (paired differences as above).",
+        "",
+        "| strategy | test loss at best validation | best step (mean) | vs none | vs untied U | vs random | vs dlt |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, row in rows.items():
+        selected = row["selected"]
+        if selected is None:
+            continue
+        versus = selected["versus"]
+        lines.append(
+            f"| {label} | {selected['test_loss']:.3f} ± {selected['test_loss_half_width']:.3f} | {selected['best_validation_step']:.0f} "
+            f"| {_cell(versus.get('none'))} | {_cell(versus.get('untied U'))} | {_cell(versus.get('random'))} | {_cell(versus.get('dlt'))} |"
+        )
+    return lines
 
 
 def _same_runs_as(label: str, runs: dict[str, dict[int, dict]]) -> str | None:
@@ -222,7 +296,7 @@ def _memory_lines(memory: list[dict]) -> list[str]:
         "Memory over depth (one seed): peak training state (parameters + gradients + AdamW state, live tensors, "
         "peak over the run) and process peak.",
         "",
-        "| blocks | none: state MB | dlt: state MB | dlt / none | none: peak RSS MB | dlt: peak RSS MB | dlt distinct peak | retie ms |",
+        "| blocks | none: state MiB | dlt: state MiB | dlt / none | none: peak RSS MiB | dlt: peak RSS MiB | dlt distinct peak | retie ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for depth, runs in sorted(by_depth.items()):
@@ -230,9 +304,15 @@ def _memory_lines(memory: list[dict]) -> list[str]:
         if none is None or dlt is None:
             continue
         lines.append(
-            f"| {depth} | {none['peak_state_bytes'] / MB:.1f} | {dlt['peak_state_bytes'] / MB:.1f} | "
-            f"{dlt['peak_state_bytes'] / none['peak_state_bytes']:.3f} | {none['peak_process_bytes'] / MB:.0f} | "
-            f"{dlt['peak_process_bytes'] / MB:.0f} | {dlt['distinct_peak']} | {dlt['retie_ms']:.2f} |"
+            f"| {depth} | {none['peak_state_bytes'] / MIB:.1f} | {dlt['peak_state_bytes'] / MIB:.1f} | "
+            f"{dlt['peak_state_bytes'] / none['peak_state_bytes']:.3f} | {none['peak_process_bytes'] / MIB:.0f} | "
+            f"{dlt['peak_process_bytes'] / MIB:.0f} | {dlt['distinct_peak']} | {dlt['retie_ms']:.2f} |"
+        )
+    shallow = [runs["none"] for depth, runs in by_depth.items() if "dlt" not in runs and "none" in runs]
+    for run in shallow:  # the untied model as deep as the budget: what the tied ones are compared against
+        lines.append(
+            f"\nUntied, {run['num_blocks']} blocks (the budget's depth): state {run['peak_state_bytes'] / MIB:.1f} MiB, "
+            f"process peak {run['peak_process_bytes'] / MIB:.0f} MiB."
         )
     return lines
 
@@ -264,15 +344,34 @@ def _plot_quality(rows: dict[str, dict], runs: dict[str, dict[int, dict]], bigra
     plt.close(figure)
 
 
+def _plot_validation(table: dict[str, dict[int, dict]], path: Path) -> None:
+    """Validation loss over training steps, mean over seeds, one line per strategy: where each starts to overfit."""
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for index, (label, runs) in enumerate(table.items()):
+        curves = [run["validation_curve"] for run in runs.values() if "validation_curve" in run]
+        if not curves:
+            continue
+        steps = [point["step"] for point in curves[0]]
+        means = [statistics.fmean(curve[i]["validation_loss"] for curve in curves) for i in range(len(steps))]
+        axes.plot(steps, means, label=f"{label} ({len(curves)} seeds)", color=plt.get_cmap("tab20")(index % 20))
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel("validation loss (nats/token), mean over seeds")
+    axes.set_title("Validation loss over training (lower is better)")
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def _plot_memory(memory: list[dict], path: Path) -> None:
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for strategy, marker, colour in (("none", "o", "black"), ("dlt", "s", "tab:red")):
         points = sorted((run["num_blocks"], run) for run in memory if run["strategy"] == strategy)
         depths = [depth for depth, _ in points]
-        axes.plot(depths, [run["peak_state_bytes"] / MB for _, run in points], marker=marker, color=colour, label=f"{strategy}: training state")
-        axes.plot(depths, [run["peak_process_bytes"] / MB for _, run in points], marker=marker, color=colour, linestyle=":", label=f"{strategy}: process peak")
+        axes.plot(depths, [run["peak_state_bytes"] / MIB for _, run in points], marker=marker, color=colour, label=f"{strategy}: training state")
+        axes.plot(depths, [run["peak_process_bytes"] / MIB for _, run in points], marker=marker, color=colour, linestyle=":", label=f"{strategy}: process peak")
     axes.set_xlabel("blocks")
-    axes.set_ylabel("peak memory (MB)")
+    axes.set_ylabel("peak memory (MiB)")
     axes.set_yscale("log")
     axes.set_title("Peak memory over the run against depth")
     axes.legend(fontsize=8)

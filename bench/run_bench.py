@@ -33,7 +33,7 @@ from bench.settings import (  # noqa: E402
     memory_runs,
     resolve_settings,
     results_dir,
-    runs_after_dlt,
+    runs_after,
 )
 
 RESULT_FILE = "result.json"
@@ -47,7 +47,7 @@ def main() -> None:
         single_run(settings, RunSpec.from_json(args.single_run), output)
         return
     claim_results_dir(output, settings)
-    failures = [] if args.report_only else Scheduler(settings, output, args.jobs, not args.skip_memory).run()
+    failures = [] if args.report_only else Scheduler(settings, output, args.jobs, not args.skip_memory, not args.memory_only).run()
     report = write_report(settings, output)
     print(f"\nReport: {report}")
     if failures:
@@ -81,10 +81,10 @@ class Scheduler:
     """Runs the plan seed by seed, `jobs` processes at a time; the runs that need DLT's outcome of a seed (static
     layouts at its budget, its final map from scratch) are queued when that DLT run has finished."""
 
-    def __init__(self, settings: BenchSettings, output: Path, jobs: int, with_memory: bool):
+    def __init__(self, settings: BenchSettings, output: Path, jobs: int, with_memory: bool, with_study: bool = True):
         self.settings, self.output, self.jobs = settings, output, jobs
         self.queue: list[tuple[float, RunSpec]] = []
-        for seed_index, seed in enumerate(settings.seeds):
+        for seed_index, seed in enumerate(settings.seeds if with_study else ()):
             self.queue += [(seed_index, spec) for spec in independent_runs(settings, seed)]
         if with_memory:  # after the first seed: the memory figures do not wait for the whole study
             self.queue += [(0.5, spec) for spec in memory_runs(settings)]
@@ -140,11 +140,10 @@ class Scheduler:
         self._after(order, spec)
 
     def _after(self, order: float, spec: RunSpec) -> None:
-        """Queue the runs a finished DLT run of the study makes possible, before the next seed's runs."""
-        if spec.kind != "study" or spec.strategy != "dlt" or spec.dlt_variant != "default":
+        """Queue the runs a finished DLT or random run of the study makes possible, before the next seed's runs."""
+        followers = runs_after(spec, load_result(self.output / spec.directory)) if spec.kind == "study" else []
+        if not followers:
             return
-        dlt = load_result(self.output / spec.directory)
-        followers = runs_after_dlt(spec.seed, dlt["final_map"], dlt["distinct_final"], dlt["distinct_mean"])
         position = next((i for i, (other, _) in enumerate(self.queue) if other > order), len(self.queue))
         self.queue[position:position] = [(order, follower) for follower in followers]
         self.progress.total += len(followers)

@@ -48,6 +48,14 @@ class BenchSettings:
     memory_tying_interval: int
     num_threads: int | None = 1
     use_gpu: bool = False
+    # The paper's regime (preset `paper`): a small training corpus seen for many epochs, dropout, and the validation
+    # and test loss measured every `eval_interval` steps, so that each run also reports the test loss of its
+    # best-validation step (the paper's model selection). None: all training works, one evaluation at the end.
+    train_works: tuple[str, ...] | None = None
+    dropout: float = 0.0
+    eval_interval: int | None = None
+    max_validation_blocks: int | None = None
+    controls: bool = False  # add `control_runs` to every seed
 
     def fingerprint(self) -> str:
         """What a result must have been measured under to be reused (everything but scheduling)."""
@@ -69,7 +77,27 @@ PRESETS: dict[str, BenchSettings] = {
         n_layer=12, n_embd=64, n_head=4, block_size=64, max_steps=2000, batch_size=16, learning_rate=3e-3,
         warmup_steps=50, tying_interval=2, max_distinct_blocks=4, seeds=(0, 1, 2, 3, 4), max_test_blocks=None,
         memory_depths=(12, 24, 48), memory_n_embd=128, memory_n_head=4, memory_max_distinct_blocks=8,
-        memory_batch_size=8, memory_steps=60, memory_tying_interval=2,
+        memory_batch_size=8, memory_steps=60, memory_tying_interval=2, controls=True,
+    ),  # fmt: skip
+    # The paper's regime at CPU size: one play (Julius Caesar, 41 k tokens) trained 2,000 steps of 16 x 64 tokens
+    # (about 50 epochs: conventional training overfits within the first few hundred steps), dropout 0.2 (the
+    # authors' code), k = 15 (the paper's), validation (Macbeth and The Tempest, first 64 blocks) and test (first 256
+    # blocks of the test works) every 100 steps. Each run about 6 minutes on one core.
+    "paper": BenchSettings(
+        n_layer=12, n_embd=64, n_head=4, block_size=64, max_steps=2000, batch_size=16, learning_rate=3e-3,
+        warmup_steps=50, tying_interval=15, max_distinct_blocks=4, seeds=(0, 1, 2, 3, 4), max_test_blocks=256,
+        memory_depths=(12, 24, 48), memory_n_embd=128, memory_n_head=4, memory_max_distinct_blocks=8,
+        memory_batch_size=8, memory_steps=60, memory_tying_interval=2, train_works=("julius_caesar",), dropout=0.2,
+        eval_interval=100, max_validation_blocks=64, controls=True,
+    ),  # fmt: skip
+    # The paper's headline depth in its regime: 48 blocks tied to at most 8 distinct (the paper reports 7-10 of 48),
+    # narrower (32) so that a 48-block step costs about what a 12 x 64 one does.
+    "paper48": BenchSettings(
+        n_layer=48, n_embd=32, n_head=2, block_size=64, max_steps=2000, batch_size=16, learning_rate=3e-3,
+        warmup_steps=50, tying_interval=15, max_distinct_blocks=8, seeds=(0, 1, 2, 3, 4), max_test_blocks=256,
+        memory_depths=(12, 24, 48), memory_n_embd=128, memory_n_head=4, memory_max_distinct_blocks=8,
+        memory_batch_size=8, memory_steps=60, memory_tying_interval=2, train_works=("julius_caesar",), dropout=0.2,
+        eval_interval=100, max_validation_blocks=64,
     ),  # fmt: skip
     # One GPU: 12 x 384 (GPT-2 small's depth, a quarter of its width), 256-token context, 6,000 steps.
     "gpu": BenchSettings(
@@ -89,9 +117,13 @@ def _override(help_text: str) -> dict:
 class BenchArguments:
     """Flags of `bench/run_bench.py`. Size flags left unset take the preset's value."""
 
-    preset: Literal["tiny", "default", "gpu"] = field(
+    preset: Literal["tiny", "default", "paper", "paper48", "gpu"] = field(
         default="default",
-        metadata={"help": "tiny: a 2-minute smoke test. default: the CPU study (about 2 h on 2 cores). gpu: one GPU."},
+        metadata={
+            "help": "tiny: a 2-minute smoke test. default: the CPU study (about 2 h on 2 cores). paper: the paper's "
+            "regime, one play for many epochs with dropout and model selection on validation (about 6 minutes per run "
+            "on one core, 19 runs per seed). paper48: the same at 48 blocks x 32, budget 8. gpu: one GPU."
+        },
     )
     results_dir: str | None = field(
         default=None, metadata={"help": "Where runs/, results.json, results.md and the plots go. Default: bench/results/<preset>."}
@@ -99,6 +131,13 @@ class BenchArguments:
     jobs: int = field(default=1, metadata={"help": "Runs side by side, each a single-threaded process (CPU)."})
     report_only: bool = field(default=False, metadata={"help": "Write the report from finished runs; train nothing."})
     skip_memory: bool = field(default=False, metadata={"help": "Leave out the memory runs over depth."})
+    memory_only: bool = field(
+        default=False,
+        metadata={
+            "help": "Only the memory runs, e.g. where the training state dominates the process: --memory_only "
+            "--memory_depths 48 --memory_n_embd 512 --memory_n_head 8."
+        },
+    )
     n_layer: int | None = _override("Blocks of the compared models.")
     n_embd: int | None = _override("Hidden size of the compared models.")
     n_head: int | None = _override("Attention heads of the compared models.")
@@ -118,6 +157,9 @@ class BenchArguments:
     memory_batch_size: int | None = _override("Examples per step in the memory runs.")
     memory_steps: int | None = _override("Optimizer steps per memory run.")
     memory_tying_interval: int | None = _override("k of the DLT memory runs.")
+    dropout: float | None = _override("Dropout of the compared models (residual, embedding, attention).")
+    eval_interval: int | None = _override("Steps between two measurements of the validation and test loss.")
+    max_validation_blocks: int | None = _override("Cap on the validation blocks evaluated.")
     num_threads: int | None = _override("torch intra-op threads per run.")
     use_gpu: bool | None = _override("'true': train on the CUDA GPU (preset gpu does).")
     single_run: str | None = field(
@@ -160,10 +202,12 @@ def _check(settings: BenchSettings) -> None:
     for name in positive:
         if getattr(settings, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(settings, name)}")
-    for name in ("max_test_blocks", "num_threads"):
+    for name in ("max_test_blocks", "num_threads", "eval_interval", "max_validation_blocks"):
         value = getattr(settings, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be >= 1, got {value}")
+    if not 0 <= settings.dropout < 1:
+        raise ValueError(f"--dropout must be in [0, 1), got {settings.dropout}")
     if settings.learning_rate <= 0:
         raise ValueError(f"--learning_rate must be > 0, got {settings.learning_rate}")
     if settings.max_distinct_blocks >= settings.n_layer:
@@ -199,13 +243,15 @@ class RunSpec:
     kind: str = "study"
     dlt_variant: str = "default"
     num_blocks: int | None = None
+    tying: tuple[tuple[str, object], ...] = ()  # other tying settings, (name, value) pairs: the controls' changes
 
     @property
     def directory(self) -> str:
         name = self.strategy.replace(":", "-").replace(",", "_")
         if self.dlt_variant != "default":
             name += f"-{self.dlt_variant}"
-        depth = f"L{self.num_blocks}/" if self.kind == "memory" else ""
+        name += "".join(f"-{setting}={value}" for setting, value in self.tying)
+        depth = f"L{self.num_blocks}/" if self.num_blocks is not None else ""
         return f"{self.kind}/{depth}{name}/seed{self.seed}"
 
     def to_json(self) -> str:
@@ -213,22 +259,46 @@ class RunSpec:
 
     @classmethod
     def from_json(cls, text: str) -> RunSpec:
-        return cls(**json.loads(text))
+        fields = json.loads(text)
+        fields["tying"] = tuple(tuple(pair) for pair in fields.get("tying", ()))
+        return cls(**fields)
 
 
 STATIC_LAYOUTS = ("sequence", "cycle", "cycle_rev")
 FINAL_MAP_LABEL = "dlt final map, from scratch"
+RANDOM_FINAL_MAP_LABEL = "random final map, from scratch"
+
+
+def untied_label(settings: BenchSettings) -> str:
+    return f"untied, {settings.max_distinct_blocks} blocks"
 
 
 def independent_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
-    """The runs of a seed that need nothing from another run."""
+    """The runs of a seed that need nothing from another run; `untied, U blocks` is conventional training of a
+    model as shallow as the budget: the same parameters, gradients and optimizer state as a tied model with U
+    distinct blocks, so the alternative a user with that memory would pick instead of tying."""
     budget = settings.max_distinct_blocks
     return [
         RunSpec("none", "none", seed),
+        RunSpec(untied_label(settings), "none", seed, num_blocks=budget),
         RunSpec("dlt", "dlt", seed),
         RunSpec("dlt (paper agent)", "dlt", seed, dlt_variant="paper"),
         RunSpec("random", "random", seed),
         RunSpec("similarity", f"similarity:{budget}", seed),
+        *(control_runs(settings, seed) if settings.controls else []),
+    ]
+
+
+def control_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
+    """What the verdict on DLT must not hinge on: explore then commit (does moving between maps cost?), the paper's
+    agent learning from a reward that carries signal at these losses (its own is -10 whenever the loss is above
+    ln 10), other decision intervals k, and a shorter exploration."""
+    intervals = [k for k in (2, 15, 50) if k != settings.tying_interval]
+    return [
+        RunSpec("dlt, explore then commit", "dlt", seed, tying=(("commit_after_exploration", True),)),
+        RunSpec("dlt (paper agent), reward -loss", "dlt", seed, dlt_variant="paper", tying=(("reward_kind", "negative_loss"),)),
+        *(RunSpec(f"dlt, k = {k}", "dlt", seed, tying=(("tying_interval", k),)) for k in intervals),
+        RunSpec("dlt, exploration 40%", "dlt", seed, tying=(("exploration_fraction", 0.4),)),
     ]
 
 
@@ -242,11 +312,27 @@ def runs_after_dlt(seed: int, final_map: list[int], final_distinct: int, average
     return runs
 
 
+def runs_after_random(seed: int, final_map: list[int]) -> list[RunSpec]:
+    """Random's final map trained from scratch: the control for DLT's (are learned maps better than random ones?)."""
+    return [RunSpec(RANDOM_FINAL_MAP_LABEL, "static:" + ",".join(map(str, final_map)), seed)]
+
+
+def runs_after(spec: RunSpec, result: dict) -> list[RunSpec]:
+    """The runs a finished study run makes possible: DLT's (default agent) and random's followers."""
+    if spec.strategy == "dlt" and spec.dlt_variant == "default":
+        return runs_after_dlt(spec.seed, result["final_map"], result["distinct_final"], result["distinct_mean"])
+    if spec.strategy == "random":
+        return runs_after_random(spec.seed, result["final_map"])
+    return []
+
+
 def memory_runs(settings: BenchSettings) -> list[RunSpec]:
-    """At each depth: conventional training and DLT under the memory budget (first seed)."""
+    """At each depth: conventional training and DLT under the memory budget; and an untied model as deep as the
+    budget, the equal-memory alternative (first seed)."""
     seed = settings.seeds[0]
+    untied = RunSpec("none", "none", seed, "memory", num_blocks=settings.memory_max_distinct_blocks)
     return [
         spec
         for depth in settings.memory_depths
         for spec in (RunSpec("none", "none", seed, "memory", num_blocks=depth), RunSpec("dlt", "dlt", seed, "memory", num_blocks=depth))
-    ]
+    ] + [untied]

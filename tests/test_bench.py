@@ -40,7 +40,8 @@ def tiny_bench(tmp_path_factory):
 def test_every_strategy_has_every_seed_and_a_row(tiny_bench):
     folder, results = tiny_bench
     labels = {
-        "none", "dlt", "dlt (paper agent)", "random", "similarity", "dlt final map, from scratch",
+        "none", "untied, 2 blocks", "dlt", "dlt (paper agent)", "random", "similarity", "dlt final map, from scratch",
+        "random final map, from scratch",
         *(f"{layout} @ {budget} U" for layout in ("sequence", "cycle", "cycle_rev") for budget in ("final", "mean")),
     }  # fmt: skip
     assert set(results["runs"]) == labels
@@ -66,6 +67,11 @@ def test_runs_keep_their_budget_at_every_step(tiny_bench):
             assert results["runs"][f"{layout} @ final U"][seed]["distinct_peak"] == dlt["distinct_final"]
             assert results["runs"][f"{layout} @ mean U"][seed]["distinct_final"] == max(1, round(dlt["distinct_mean"]))
         assert results["runs"]["dlt final map, from scratch"][seed]["final_map"] == dlt["final_map"]
+        assert results["runs"]["random final map, from scratch"][seed]["final_map"] == results["runs"]["random"][seed]["final_map"]
+        # The equal-memory baseline: a model as shallow as the budget holds what a tied one at the budget holds.
+        untied = results["runs"]["untied, 2 blocks"][seed]
+        assert untied["num_blocks"] == untied["distinct_peak"] == TINY.max_distinct_blocks
+        assert untied["peak_state_bytes"] < results["runs"]["none"][seed]["peak_state_bytes"]
 
 
 @pytest.mark.slow
@@ -121,6 +127,29 @@ def test_a_rerun_skips_finished_runs_and_other_settings_are_refused(tiny_bench):
     assert other.returncode != 0 and "holds runs measured with other settings" in other.stderr
 
 
+@pytest.mark.slow
+def test_every_record_says_which_code_and_versions_it_came_from(tiny_bench):
+    folder, results = tiny_bench
+    for label, runs in results["runs"].items():
+        for run in runs.values():
+            assert run["commit"] and run["versions"]["torch"] and run["versions"]["transformers"], label
+            assert run["final_test_loss"] == run["test_loss"] and run["learning_rate"] == TINY.learning_rate
+    assert "Runs came from: commit " in (folder / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_run_evaluated_during_training_reports_the_test_loss_at_its_best_validation_step(tmp_path):
+    spec = '{"label": "none", "strategy": "none", "seed": 0}'
+    completed = _bench(tmp_path, "--eval_interval", "4", "--dropout", "0.2", "--single_run", spec)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    run = json.loads((tmp_path / "study" / "none" / "seed0" / "result.json").read_text())
+    curve = run["validation_curve"]
+    assert [point["step"] for point in curve] == [4, 8, 12]
+    best = min(curve, key=lambda point: point["validation_loss"])
+    assert (run["best_validation_step"], run["test_loss_at_best_validation"]) == (best["step"], best["test_loss"])
+    assert curve[-1]["test_loss"] == run["final_test_loss"] == run["test_loss"]
+
+
 def test_interval_is_the_student_t_interval():
     mean, half = interval([1.0, 2.0, 3.0])
     assert mean == 2.0 and half == pytest.approx(stats.t.ppf(0.975, 2) / math.sqrt(3))
@@ -135,8 +164,50 @@ def test_interval_is_the_student_t_interval():
         ({"seeds": "0,x"}, "--seeds"),
         ({"max_distinct_blocks": 4}, "--max_distinct_blocks 4 must be below --n_layer 4"),
         ({"memory_depths": "2,8"}, "every depth must exceed --memory_max_distinct_blocks"),
+        ({"dropout": 1.0}, r"--dropout must be in \[0, 1\), got 1.0"),
+        ({"eval_interval": 0}, "--eval_interval must be >= 1"),
     ],
 )
 def test_bad_flags_are_named(flags, named):
     with pytest.raises(ValueError, match=named):
         resolve_settings(BenchArguments(preset="tiny", **flags))
+
+
+# ----- bench/compress.py -----
+
+COMPRESS_FIELDS = {
+    "label", "seed", "map_choice", "tie_init", "lora_rank", "distinct_blocks", "test_loss", "peak_state_bytes",
+    "peak_process_bytes", "train_seconds", "commit", "versions",
+}  # fmt: skip
+
+
+def _compress(results: Path, *flags: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(REPO_ROOT / "bench" / "compress.py"), "--preset", "tiny", "--results_dir", str(results)]
+    return subprocess.run(command + list(flags), capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=900)
+
+
+@pytest.mark.slow
+def test_compress_runs_every_row_at_the_budget_and_a_rerun_trains_nothing(tmp_path):
+    from bench.compress import PRESETS as COMPRESS_PRESETS
+    from bench.compress import plan
+
+    settings = COMPRESS_PRESETS["tiny"]
+    completed = _compress(tmp_path)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    report = json.loads((tmp_path / "results.json").read_text())
+    records = {record["label"]: record for record in report["records"]}
+    assert set(records) == {row.label for row in plan(settings)}
+    for label, record in records.items():
+        assert COMPRESS_FIELDS <= record.keys(), label
+        assert math.isfinite(record["test_loss"])
+        ceiling = label.startswith("teacher,")
+        assert record["distinct_peak"] == (settings.n_layer if ceiling else settings.distinct_blocks), label
+    # Converted rows start from the teacher, so they all hold its trained weights; the same memory as training small.
+    small = records[f"untied {settings.distinct_blocks} blocks from scratch, uptraining steps"]
+    assert records["converted, sequence, mean"]["peak_state_bytes"] == small["peak_state_bytes"]
+    assert records["converted, sequence, mean"]["final_map"] == [0, 0, 2, 2]
+
+    written = sorted(path.stat().st_mtime_ns for path in tmp_path.glob("**/result.json"))
+    rerun = _compress(tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert sorted(path.stat().st_mtime_ns for path in tmp_path.glob("**/result.json")) == written

@@ -4,7 +4,7 @@ block untied by a decision its own weights from the start of training back."""
 
 import pytest
 import torch
-from conftest import GPT2, every_kind
+from conftest import GPT2, LLAMA, every_kind
 from test_tied_models import assert_blocks_share_as, block_parameters, load_cleanly, logits, perturb_
 from test_run_scripts import clm_run, text_files, tiny_flags  # noqa: F401 (fixtures)
 from test_tying_trainer import OptimizerMatchesModel, make_trainer, tiny_model, tying_args
@@ -108,13 +108,34 @@ def trained_plain_checkpoint(tmp_path_factory, clm_run):
     return folder
 
 
-@pytest.mark.parametrize("strategy, expected_map", [("static:sequence:2", [0, 0, 2]), ("similarity:2", None)])
+@pytest.fixture(scope="module")
+def plain_llama_checkpoint(tmp_path_factory, trained_plain_checkpoint):
+    """A plain LlamaForCausalLM of 3 layers with the same tokenizer (the path users take with real checkpoints)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(trained_plain_checkpoint)
+    sizes = {key: value for key, value in LLAMA.sizes.items() if key != "vocab_size"}
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("llama")
+    LlamaForCausalLM(LlamaConfig(num_hidden_layers=3, vocab_size=len(tokenizer), **sizes)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "checkpoint, strategy, expected_map",
+    [
+        ("trained_plain_checkpoint", "static:sequence:2", [0, 0, 2]),
+        ("trained_plain_checkpoint", "similarity:2", None),
+        ("plain_llama_checkpoint", "static:cycle:2", [0, 1, 0]),
+    ],
+)
 def test_run_clm_converts_a_trained_checkpoint_and_exports_it_for_stock_transformers(
-    tmp_path, text_files, trained_plain_checkpoint, strategy, expected_map
+    tmp_path, text_files, request, checkpoint, strategy, expected_map
 ):
     flags = tiny_flags(tmp_path / "run", text_files, "", "--tying_strategy", strategy, "--tie_init", "mean")
     flags = [flag for flag in flags if flag not in ("--config_overrides", "")]
-    run(CAUSAL_LM, [*flags, "--model_name_or_path", str(trained_plain_checkpoint)])
+    run(CAUSAL_LM, [*flags, "--model_name_or_path", str(request.getfixturevalue(checkpoint))])
 
     tied = AutoModelForCausalLM.from_pretrained(tmp_path / "run").eval()
     assert tied.tying_map.num_distinct == 2
@@ -146,3 +167,23 @@ def test_a_checkpoint_of_an_architecture_without_a_tied_class_is_named(tmp_path,
     flags = [flag for flag in tiny_flags(tmp_path / "o", text_files, "", "--tying_strategy", "static:all") if flag not in ("--config_overrides", "")]
     with pytest.raises(ValueError, match=r"is a 'opt' checkpoint, which hf-layertie has no tied class for"):
         run(CAUSAL_LM, [*flags, "--model_name_or_path", str(tmp_path / "opt"), "--tokenizer_name", str(trained_plain_checkpoint)])
+
+
+def test_similarity_ties_the_blocks_that_leave_their_input_unchanged_to_the_block_before():
+    # Blocks 2, 3 and 5 write nothing into the residual stream (output projections zeroed): their angular distance
+    # is 0, so similarity:3 keeps blocks 0, 1 and 4 and ties each of the others to the nearest one before it.
+    from hf_layertie.block_similarity import block_angular_distances, similarity_tying_map
+
+    model = tiny_model(num_blocks=6)
+    perturb_(model, seed=2)
+    with torch.no_grad():
+        for block in (2, 3, 5):
+            for projection in (model.tied_blocks[block].attn.c_proj, model.tied_blocks[block].mlp.c_proj):
+                projection.weight.zero_()
+                projection.bias.zero_()
+    ids = torch.randint(1, 100, (4, 16), generator=torch.Generator().manual_seed(0))
+    distances = block_angular_distances(model, {"input_ids": ids})
+
+    assert [distances[block] for block in (2, 3, 5)] == pytest.approx([0.0] * 3, abs=1e-3)
+    assert min(distances[block] for block in (1, 4)) > 0.01
+    assert similarity_tying_map(distances, 3).to_list() == [0, 1, 1, 1, 4, 4]

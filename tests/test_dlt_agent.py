@@ -253,7 +253,7 @@ def test_config_errors_name_the_field_and_what_was_expected(kwargs, message):
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"kind": "ppl"}, "kind must be one of"), ({"reward_block_cost": -1.0}, r"reward_block_cost must be a number in \[0.0, inf\)"), ({"reward_block_cost": math.inf}, "reward_block_cost must be a number in")],
+    [({"reward_kind": "ppl"}, "reward_kind must be one of"), ({"reward_block_cost": -1.0}, r"reward_block_cost must be a number in \[0.0, inf\)"), ({"reward_block_cost": math.inf}, "reward_block_cost must be a number in")],
 )
 def test_reward_errors_name_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):

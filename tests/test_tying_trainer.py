@@ -211,8 +211,35 @@ def test_the_paper_variant_runs_through_the_trainer_with_its_own_agent(tmp_path)
     trainer = make_trainer(tmp_path, dlt_variant="paper", max_steps=8)
     trainer.train()
     assert isinstance(trainer.decisions.controller.agent, PaperAgent)
-    assert trainer.decisions.controller.reward.kind == "clipped_negative_perplexity"
+    assert trainer.decisions.controller.reward.reward_kind == "clipped_negative_perplexity"
     assert all(record["reward"] == -10.0 for record in trainer.tying_records)  # loss > log(10): no signal
+
+
+def test_the_paper_agent_with_a_reward_that_carries_signal_learns_from_the_negative_loss(tmp_path):
+    trainer = make_trainer(tmp_path, dlt_variant="paper", reward_kind="negative_loss", max_steps=8)
+    trainer.train()
+    assert isinstance(trainer.decisions.controller.agent, PaperAgent)
+    records = [record for record in trainer.tying_records if record.get("reward") is not None]
+    assert records and all(record["reward"] == pytest.approx(-record["loss"]) for record in records)
+
+
+def test_commit_after_exploration_stops_deciding_when_exploration_ends(tmp_path):
+    # 24 steps, k = 2: 12 planned decisions, exploration over 80% of them: decisions at steps 0, 2, ..., 18.
+    trainer = make_trainer(tmp_path, commit_after_exploration=True)
+    maps = MapsPerStep()
+    maps.trainer = trainer
+    trainer.add_callback(maps)
+    trainer.train()
+    assert [record["step"] for record in trainer.tying_records] == list(range(0, 20, 2))
+    assert len({tuple(tying_map) for tying_map in maps.after_step[19:]}) == 1  # steps 20-24 train one map
+
+
+class MapsPerStep(TrainerCallback):
+    def __init__(self):
+        self.trainer, self.after_step = None, []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.after_step.append(self.trainer.model.tying_map.to_list())
 
 
 def test_a_held_out_reward_is_evaluated_in_micro_batch_chunks(tmp_path):
@@ -426,6 +453,9 @@ def test_maps_that_do_not_fit_the_model_are_rejected_at_construction(tmp_path, o
         (dict(reward_block_cost=-1.0), r"reward_block_cost must be a number in \[0.0, inf\), got -1.0"),
         (dict(dlt_variant="clever"), "dlt_variant must be one of 'default', 'paper', got 'clever'"),
         (dict(reward_source="test"), "reward_source='test': expected 'train' or 'held_out'"),
+        (dict(reward_kind="accuracy"), "reward_kind must be one of 'negative_loss', 'clipped_negative_perplexity', got 'accuracy'"),
+        (dict(dlt_variant="paper", commit_after_exploration=True), "commit_after_exploration needs dlt_variant='default'"),
+        (dict(tying_strategy="random", commit_after_exploration=True), "'random' does not read commit_after_exploration"),
         (dict(tying_strategy="static"), "needs an argument"),
         (dict(tying_strategy="static:bogus"), "unknown tying strategy 'bogus'"),
         (dict(tying_strategy="static:0,2"), r"tying_map\[1\] = 2 is a forward reference"),

@@ -27,6 +27,7 @@ LEARNING_SETTINGS = (
     "q_hidden_size",
     "q_learning_rate",
     "q_weight_decay",
+    "commit_after_exploration",
 )
 
 
@@ -51,7 +52,9 @@ class AgentDecisions(TyingDecisions):
         "max_distinct_blocks": None,
         "dlt_variant": "default",
         **dict.fromkeys(LEARNING_SETTINGS),
+        "commit_after_exploration": False,
         "reward_source": "train",
+        "reward_kind": None,  # the variant's
         "reward_block_cost": 0.0,
         "reward_batch_size": None,  # 16 with reward_source="held_out"
         "agent_seed": None,  # the run's --seed
@@ -77,6 +80,11 @@ class AgentDecisions(TyingDecisions):
             args.agent_seed = args.seed
         args.agent_config()
         args.tying_reward()
+        if args.commit_after_exploration and args.dlt_variant != "default":
+            raise ValueError(
+                f"commit_after_exploration needs dlt_variant='default', whose exploration ends (after exploration_fraction "
+                f"of the decisions); the {args.dlt_variant!r} agent's epsilon only decays towards its floor"
+            )
 
     def __init__(self, args, num_blocks: int):
         super().__init__(args, num_blocks)
@@ -85,6 +93,7 @@ class AgentDecisions(TyingDecisions):
         self.controller = TyingController(agent, args.tying_reward())
         self.interval = args.tying_interval
         self._window_loss_sum: torch.Tensor | float = 0.0
+        self._commit_step: int | None = None  # commit_after_exploration: no decision from this step on
         # untie_init="own": each block's weights when training started, on CPU (taken by `start`).
         self._own_weights: dict[int, dict[str, torch.Tensor]] | None = None
 
@@ -117,9 +126,17 @@ class AgentDecisions(TyingDecisions):
             self._own_weights = run.block_weights()
         run.apply(self.initial_map, tie_init=self.args.tie_init)
 
+    def check_run(self, max_steps: int) -> None:
+        """With `commit_after_exploration`, fix the step from which no decision is taken."""
+        if self.args.commit_after_exploration:
+            planned = max(1, math.ceil(max_steps / self.interval))
+            exploring = math.ceil(self.args.agent_config().exploration_fraction * planned)
+            self._commit_step = exploring * self.interval
+
     def is_due(self, step: int) -> bool:
         pending = self.controller.pending_row
-        return step % self.interval == 0 and (pending is None or pending["step"] != step)
+        committed = self._commit_step is not None and step >= self._commit_step
+        return step % self.interval == 0 and not committed and (pending is None or pending["step"] != step)
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         """Add a training loss to the window without synchronising the device."""

@@ -116,7 +116,7 @@ class TyingController:
             }
         return {
             "agent": self.agent.state_dict(),
-            "reward": {"kind": self.reward.kind, "reward_block_cost": self.reward.reward_block_cost},
+            "reward": {"reward_kind": self.reward.reward_kind, "reward_block_cost": self.reward.reward_block_cost},
             "rows": copy.deepcopy(self.rows),
             "pending": pending,
             "pending_row": copy.deepcopy(self.pending_row),
@@ -127,8 +127,10 @@ class TyingController:
         missing = {"agent", "reward", "rows", "pending", "pending_row"} - set(state)
         if missing:
             raise ValueError(f"tying state is missing {sorted(missing)}; expected the keys of TyingController.state_dict()")
-        saved_reward = state["reward"]
-        if saved_reward != {"kind": self.reward.kind, "reward_block_cost": self.reward.reward_block_cost}:
+        saved_reward = dict(state["reward"])
+        if "kind" in saved_reward:  # checkpoints written before the setting was named reward_kind
+            saved_reward["reward_kind"] = saved_reward.pop("kind")
+        if saved_reward != {"reward_kind": self.reward.reward_kind, "reward_block_cost": self.reward.reward_block_cost}:
             raise ValueError(f"the saved reward {saved_reward} differs from this run's {self.reward}")
         self.agent.load_state_dict(state["agent"])
         self.rows = copy.deepcopy(state["rows"])

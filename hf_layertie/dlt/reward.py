@@ -35,29 +35,31 @@ class TyingReward:
     """Reward of reaching `tying_map` with `loss` (mean nats per token) over the window after a decision.
 
     Args:
-        kind: `"negative_loss"` (default variant) or `"clipped_negative_perplexity"` (paper variant).
+        reward_kind: `"negative_loss"` (the default variant's) or `"clipped_negative_perplexity"` (the paper
+            variant's, constant -10 whenever the loss is above ln 10 = 2.30 nats). Either variant may learn from
+            either: the paper's agent with `-loss` is the control that separates its algorithm from its reward.
         reward_block_cost: nats charged per block that owns weights; 0 rewards quality only.
     """
 
-    kind: str = "negative_loss"
+    reward_kind: str = "negative_loss"
     reward_block_cost: float = 0.0
 
     def __post_init__(self):
-        if self.kind not in REWARD_KINDS:
-            raise ValueError(f"kind must be one of {', '.join(map(repr, REWARD_KINDS))}, got {self.kind!r}")
+        if self.reward_kind not in REWARD_KINDS:
+            raise ValueError(f"reward_kind must be one of {', '.join(map(repr, REWARD_KINDS))}, got {self.reward_kind!r}")
         check_real("reward_block_cost", self.reward_block_cost, 0.0, math.inf, high_open=True)
 
     @classmethod
-    def for_variant(cls, variant: str, reward_block_cost: float = 0.0) -> TyingReward:
-        """The reward each agent variant learns from."""
-        return cls(kind=REWARD_OF_VARIANT[variant], reward_block_cost=reward_block_cost)
+    def for_variant(cls, variant: str, reward_block_cost: float = 0.0, reward_kind: str | None = None) -> TyingReward:
+        """The reward an agent variant learns from: `reward_kind`, or the variant's own when None."""
+        return cls(reward_kind=reward_kind or REWARD_OF_VARIANT[variant], reward_block_cost=reward_block_cost)
 
     def __call__(self, loss: float, tying_map: TyingMap) -> float:
         """A non-finite loss gives a NaN reward, which the agents skip."""
         loss = float(loss)
         if not math.isfinite(loss):
             return math.nan
-        if self.kind == "negative_loss":
+        if self.reward_kind == "negative_loss":
             quality = -loss
         else:  # -perplexity is never above 0, so only the lower clip bound can apply
             quality = max(-10.0, -math.exp(min(loss, 700.0)))

@@ -58,6 +58,12 @@ class TyingTrainingArguments(TrainingArguments):
         The loss a decision is rewarded with: `"train"`, the mean training loss of the k steps after it (free: each
         batch is scored before the model trains on it), or `"held_out"`, the loss of a fixed held-out batch after
         them (costs a forward pass of `reward_batch_size` examples per decision, in micro-batch-sized chunks).
+    reward_kind (`str`, dlt and random):
+        What a decision's reward is made of (`TyingReward.reward_kind`): `"negative_loss"` or
+        `"clipped_negative_perplexity"`. Defaults to the variant's own (the paper's agent: the clipped perplexity).
+    commit_after_exploration (`bool`, dlt with the default agent, defaults to `False`):
+        Stop deciding once exploration ends (`exploration_fraction` of the planned decisions) and train the map in
+        force to the end: explore, then commit (the control for what moving between maps costs).
     reward_block_cost (`float`, dlt and random, defaults to 0.0):
         Nats of loss one more block owning weights is worth to you (`TyingReward.reward_block_cost`).
     reward_batch_size (`int`, with `reward_source="held_out"` only, defaults to 16):
@@ -105,6 +111,8 @@ class TyingTrainingArguments(TrainingArguments):
     q_learning_rate: float | None = _setting(f"dlt, paper agent: Q-network learning rate. {_variant_help('q_learning_rate')}")
     q_weight_decay: float | None = _setting(f"dlt, paper agent: Q-network weight decay. {_variant_help('q_weight_decay')}")
     reward_source: str | None = _setting("dlt/random: 'train' (free, the default) or 'held_out' (a fixed batch).")
+    reward_kind: str | None = _setting("dlt/random: 'negative_loss' or 'clipped_negative_perplexity' (default: the variant's).")
+    commit_after_exploration: bool | None = _setting("dlt, default agent: stop deciding once exploration ends (default: False).")
     reward_block_cost: float | None = _setting("dlt/random: reward cost in nats per block owning weights (default: 0).")
     reward_batch_size: int | None = _setting("dlt/random with reward_source='held_out': examples scored (default: 16).")
     agent_seed: int | None = _setting("dlt/random: seed of the agent (default: --seed).")
@@ -156,7 +164,7 @@ class TyingTrainingArguments(TrainingArguments):
         return AgentConfig(**{item.name: getattr(self, item.name) for item in dataclasses.fields(AgentConfig)})
 
     def tying_reward(self) -> TyingReward:
-        return TyingReward.for_variant(self.dlt_variant, reward_block_cost=self.reward_block_cost)
+        return TyingReward.for_variant(self.dlt_variant, reward_block_cost=self.reward_block_cost, reward_kind=self.reward_kind)
 
     def without_tying(self) -> TyingTrainingArguments:
         """These arguments with `tying_strategy="none"` and every strategy setting unset (evaluation only)."""
