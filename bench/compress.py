@@ -16,7 +16,8 @@ skips finished runs. The report, `docs/compress/results.{json,md}`, pairs each r
 The maps: fixed patterns (`cycle:U`, `sequence:U`), `similarity:U` measured on the loaded teacher (angular
 distance, `hf_layertie.block_similarity`), and DLT started from `sequence:U` under a cap of U, its untied blocks
 given back their own trained weights (`untie_init="own"`) or a copy of their source's (`"source"`, the paper).
-Each with `tie_init` root and mean where it applies. Not measured yet: LoRA-relaxed ties (bench/README.md).
+Each with `tie_init` root and mean where it applies; and the teacher cut down to U of its own blocks (its first U,
+or the U that `similarity:U` keeps). Not measured yet: LoRA-relaxed ties (bench/README.md).
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ PRESETS = {
 
 @dataclass(frozen=True)
 class Row:
-    """One row of the table. `start`: "teacher" (converted), "truncated" (its first blocks), "scratch"."""
+    """One row of the table. `start`: "teacher" (converted), "truncated" (its first blocks), "pruned" (the blocks
+    `similarity:U` keeps independent, in order: block 0 and the U - 1 that change their input most), "scratch"."""
 
     label: str
     start: str
@@ -104,6 +106,7 @@ def plan(settings: CompressSettings) -> list[Row]:
     ]
     rows += [
         Row(f"teacher truncated to its first {budget} blocks", "truncated"),
+        Row(f"teacher pruned to the {budget} blocks similarity keeps", "pruned"),
         Row(f"untied {budget} blocks from scratch, uptraining steps", "scratch"),
         Row(f"untied {budget} blocks from scratch, teacher + uptraining steps", "scratch", all_tokens=True),
     ]

@@ -11,9 +11,11 @@ import os
 from pathlib import Path
 
 import datasets
+import torch
 from transformers import default_data_collator, set_seed
 
 from hf_layertie import TiedGPT2LMHeadModel
+from hf_layertie.block_similarity import block_angular_distances, similarity_tying_map
 from hf_layertie.decisions import DECISIONS
 from hf_layertie.toolkit.models import load_tokenizer
 from hf_layertie.trainer import TyingTrainer, TyingTrainingArguments
@@ -28,8 +30,6 @@ UPTRAIN_DATA_SEED_OFFSET = 1000
 
 def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed_dir: Path) -> dict:
     """Train and measure `row` for `seed`; the teacher of the seed is trained first if it is not there yet."""
-    import torch
-
     torch.set_num_threads(1)
     datasets.disable_progress_bars()
     tokenizer = load_tokenizer(TOKENIZER)
@@ -39,10 +39,14 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
         _train_teacher(settings, seed, blocks, tokenizer, teacher)
 
     set_seed(seed)
+    teacher_blocks = None  # which of the teacher's blocks the model starts from, when it keeps only some
     if row.start == "teacher":
         model = TiedGPT2LMHeadModel.from_pretrained(teacher)
     elif row.start == "truncated":
         model = TiedGPT2LMHeadModel.from_pretrained(teacher, n_layer=settings.distinct_blocks)
+        teacher_blocks = list(range(settings.distinct_blocks))
+    elif row.start == "pruned":
+        model, teacher_blocks = _pruned_teacher(teacher, settings.distinct_blocks, blocks["train"])
     else:
         model = build_model(tokenizer, settings.distinct_blocks, settings.n_embd, settings.n_head, settings.block_size)
     scratch = row.start == "scratch"
@@ -77,6 +81,7 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
         "distinct_blocks": model.tying_map.num_distinct,
         "distinct_peak": max(meter.distinct_per_step),
         "final_map": model.tying_map.to_list(),
+        "teacher_blocks": teacher_blocks,
         "trainable_parameters": model.parameter_counts().trainable,
         "validation_loss": losses["validation"],
         "test_loss": losses["test"],
@@ -86,6 +91,19 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
         "peak_process_kind": peak_kind,
         "train_seconds": train_seconds,
     }
+
+
+def _pruned_teacher(teacher: Path, keep: int, train) -> tuple[TiedGPT2LMHeadModel, list[int]]:
+    """The teacher with only the blocks `similarity:keep` would keep independent, measured on its first training
+    batch of 16 blocks, in their order (`similarity_tying_map`, `block_angular_distances`); and those blocks."""
+    full = TiedGPT2LMHeadModel.from_pretrained(teacher)
+    batch = {"input_ids": torch.tensor(train[:16]["input_ids"])}
+    kept = similarity_tying_map(block_angular_distances(full, batch), keep).independent_blocks
+    model = TiedGPT2LMHeadModel.from_pretrained(teacher, n_layer=keep)  # embeddings, final norm, blocks 0..keep-1
+    with torch.no_grad():
+        for position, block in enumerate(kept):
+            model.tied_blocks[position].load_state_dict(full.tied_blocks[block].state_dict())
+    return model, kept
 
 
 def _tying_settings(settings: CompressSettings, row: Row) -> dict:

@@ -237,7 +237,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
                 lines.append(f"- {label} vs {name}: {difference['verdict']} ({_cell(difference)} nats, {difference['seeds']} seeds)")
     lines += _overhead_lines(payload["runs"].get("dlt", {}))
     lines += _memory_lines(payload["memory"])
-    sources = sorted({source for row in rows.values() for source in row["provenance"]})
+    sources = sorted({source for row in rows.values() for source in row["provenance"]} | {_provenance(run) for run in payload["memory"]})
     lines += ["", "Runs came from: " + "; ".join(sources) + ("" if len(sources) == 1 else " (MIXED: rerun the rows before comparing them)")]
     return "\n".join(lines) + "\n"
 

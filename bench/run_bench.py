@@ -1,7 +1,7 @@
 """The study: learned tying against conventional training, random, similarity and static sharing at one budget.
 
     python bench/run_bench.py --preset tiny                # smoke test, about 2 minutes
-    python bench/run_bench.py --preset default --jobs 2    # the CPU study, about 2 hours on 2 cores
+    python bench/run_bench.py --preset default --jobs 2    # the CPU study: 10 seeds x 19 runs of 2-5 minutes, about 7 hours on 2 cores
     python bench/run_bench.py --help                       # every flag
 
 Every (strategy, seed) run is a fresh single-threaded Python process (its peak memory is its own) that writes

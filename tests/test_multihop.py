@@ -81,7 +81,10 @@ def test_the_datasets_are_seeded_padded_and_labelled_on_the_answers_only():
         ("max_hops=two", "multihop max_hops must be an integer, got 'two'"),
         ("order=random", "multihop order must be 'shuffled' or 'in_order', got 'random'"),
         ("num_chains=9,max_hops=6", r"num_names \(26\) must be at least num_chains \* max_hops \(54\)"),
-        ("num_chains=2,num_queries=3", r"num_queries \(3\) must not exceed num_chains \(2\)"),
+        ("num_chains=2,num_queries=3", r"num_queries \(3\) must not exceed num_chains \(2\) with queries='last'"),
+        ("tokens=bytes", "multihop tokens must be 'words' or 'pairs', got 'bytes'"),
+        ("queries=first", "multihop queries must be 'last' or 'any', got 'first'"),
+        ("min_hops=4,max_hops=3", r"multihop min_hops \(4\) must not exceed max_hops \(3\)"),
     ],
 )
 def test_bad_task_settings_name_the_setting(text, message):
@@ -114,3 +117,23 @@ def test_run_clm_trains_and_scores_the_task_by_hop_count(tmp_path, capsys):
 def test_the_task_is_refused_by_run_mlm(tmp_path):
     with pytest.raises(ValueError, match="--dataset_name multihop is a causal language modeling task: train it with run_clm.py"):
         run(MASKED_LM, ["--dataset_name", "multihop", "--output_dir", str(tmp_path), "--do_train"])
+
+
+def test_pair_tokens_and_questions_about_any_variable_follow_the_chains():
+    config = MultiHopConfig(num_chains=4, num_queries=6, min_hops=3, max_hops=3, tokens="pairs", queries="any")
+    rng, seen_hops = random.Random(5), set()
+    tokenizer_vocabulary = multihop_tokenizer(config).get_vocab()
+    for _ in range(100):
+        words, is_answer, hops = multihop_example(config, rng)
+        assert len(words) <= config.sequence_length and all(word in tokenizer_vocabulary for word in words)
+        first_question = next(index for index, word in enumerate(words) if word.startswith("?"))
+        assert first_question == 4 * 3  # every chain 3 long: 12 assignments, one token each
+        assignments = dict(word.split("=") for word in words[:first_question])
+        for index, answer_hops in zip(range(first_question, len(words), 2), hops):
+            variable, answer, count = words[index][1:], words[index + 1], 0
+            assert is_answer[index + 1] and not is_answer[index]
+            while not variable.isdecimal():
+                variable, count = assignments[variable], count + 1
+            assert (variable, count) == (answer, answer_hops)
+        seen_hops.update(hops)
+    assert seen_hops == {1, 2, 3}

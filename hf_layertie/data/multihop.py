@@ -13,6 +13,13 @@ With shuffled assignments a causal model can only resolve a chain at the query, 
 step, so a deeper model can follow longer chains: the regime where looped and tied deep models are reported to
 beat shallow ones at equal parameters.
 
+Two more settings change the format, found with `bench/multihop_probe.py` (bench/README.md, "The multi-hop task"):
+`tokens="pairs"` writes each assignment as one token (`c=b`, queries `?c 7`), so that a block can resolve one
+reference by attending to one token; `queries="any"` asks for any variable of any chain (the same chain may be
+asked twice; a variable's hops are its position in its chain), so that every example holds short and long
+questions; `min_hops` = `max_hops` gives every chain the same length, so the chains cannot be told apart by
+their lengths (a shortcut a 1-block model used: it answered 2-hop questions of 1- and 2-hop chains at 0.68).
+
 The labels are the answer tokens only (-100 elsewhere), so the loss is the answers' loss; `answer_hops` holds
 each answer's number of hops, in order, for accuracy per hop count (`hf_layertie.metrics` `multihop_accuracy`).
 Everything is generated from a seed: no download.
@@ -38,11 +45,16 @@ class MultiHopConfig:
 
     Args:
         num_chains: chains per example.
-        num_queries: chains queried per example (the others are distractors), at most `num_chains`.
-        max_hops: longest chain; chain lengths are drawn uniformly from 1..max_hops.
+        num_queries: questions per example; with `queries="last"`, chains queried (the others are distractors), at
+            most `num_chains`.
+        max_hops: longest chain; chain lengths are drawn uniformly from min_hops..max_hops.
+        min_hops: shortest chain (1 unless told).
         num_names: variable names to draw from (`v0` ... ), at least `num_chains * max_hops`.
         num_values: digits a chain can end in.
         order: `"shuffled"` assignments, or `"in_order"` (each chain's assignments in order, chains interleaved).
+        tokens: `"words"` (`c = b ;`, four tokens per assignment, `? c 7` per question) or `"pairs"` (`c=b`, one
+            token per assignment, `?c 7` per question).
+        queries: `"last"` (the last variable of distinct chains) or `"any"` (any variable, chains may repeat).
         train_examples, eval_examples: rows of the `train` and `validation` splits (different seeds).
     """
 
@@ -52,23 +64,32 @@ class MultiHopConfig:
     num_names: int = 26
     num_values: int = 10
     order: str = "shuffled"
+    tokens: str = "words"
+    queries: str = "last"
+    min_hops: int = 1
     train_examples: int = 50_000
     eval_examples: int = 1_000
 
     def __post_init__(self):
-        for field in ("num_chains", "num_queries", "max_hops", "num_values", "train_examples", "eval_examples"):
+        for field in ("num_chains", "num_queries", "max_hops", "min_hops", "num_values", "train_examples", "eval_examples"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"multihop {field} must be a positive integer, got {value!r}")
-        if self.num_queries > self.num_chains:
-            raise ValueError(f"multihop num_queries ({self.num_queries}) must not exceed num_chains ({self.num_chains})")
+        if self.min_hops > self.max_hops:
+            raise ValueError(f"multihop min_hops ({self.min_hops}) must not exceed max_hops ({self.max_hops})")
+        if self.queries == "last" and self.num_queries > self.num_chains:
+            raise ValueError(
+                f"multihop num_queries ({self.num_queries}) must not exceed num_chains ({self.num_chains}) with "
+                f"queries='last' (each chain is asked once)"
+            )
         if self.num_names < self.num_chains * self.max_hops:
             raise ValueError(
                 f"multihop num_names ({self.num_names}) must be at least num_chains * max_hops "
                 f"({self.num_chains * self.max_hops}): every variable of an example has its own name"
             )
-        if self.order not in ("shuffled", "in_order"):
-            raise ValueError(f"multihop order must be 'shuffled' or 'in_order', got {self.order!r}")
+        for field, choices in (("order", ("shuffled", "in_order")), ("tokens", ("words", "pairs")), ("queries", ("last", "any"))):
+            if getattr(self, field) not in choices:
+                raise ValueError(f"multihop {field} must be {' or '.join(map(repr, choices))}, got {getattr(self, field)!r}")
 
     @classmethod
     def from_string(cls, text: str | None) -> MultiHopConfig:
@@ -87,8 +108,9 @@ class MultiHopConfig:
 
     @property
     def sequence_length(self) -> int:
-        """Tokens per (padded) example: 4 per assignment (`b = a ;`), 3 per query (`? b 7`)."""
-        return 4 * self.num_chains * self.max_hops + 3 * self.num_queries
+        """Tokens per (padded) example: per assignment 4 (`b = a ;`) or 1 (`b=a`), per query 3 (`? b 7`) or 2."""
+        per_assignment, per_query = (1, 2) if self.tokens == "pairs" else (4, 3)
+        return per_assignment * self.num_chains * self.max_hops + per_query * self.num_queries
 
 
 def _integer(key: str, value: str) -> int:
@@ -100,7 +122,12 @@ def _integer(key: str, value: str) -> int:
 
 def multihop_tokenizer(config: MultiHopConfig) -> PreTrainedTokenizerFast:
     """A word-level tokenizer over the task's symbols, digits and variable names (one token each)."""
-    vocabulary = [*SYMBOLS, *(str(value) for value in range(config.num_values)), *(f"v{index}" for index in range(config.num_names))]
+    names = [f"v{index}" for index in range(config.num_names)]
+    digits = [str(value) for value in range(config.num_values)]
+    vocabulary = [*SYMBOLS, *digits, *names]
+    if config.tokens == "pairs":
+        vocabulary += [f"{name}={value}" for name in names for value in (*digits, *names) if value != name]
+        vocabulary += [f"?{name}" for name in names]
     model = models.WordLevel({token: index for index, token in enumerate(vocabulary)}, unk_token="<pad>")
     tokenizer = Tokenizer(model)
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -109,7 +136,7 @@ def multihop_tokenizer(config: MultiHopConfig) -> PreTrainedTokenizerFast:
 
 def multihop_example(config: MultiHopConfig, rng: random.Random) -> tuple[list[str], list[bool], list[int]]:
     """One example as words, a flag per word saying whether it is an answer, and each answer's number of hops."""
-    lengths = [rng.randint(1, config.max_hops) for _ in range(config.num_chains)]
+    lengths = [rng.randint(config.min_hops, config.max_hops) for _ in range(config.num_chains)]
     names = iter(f"v{name}" for name in rng.sample(range(config.num_names), sum(lengths)))
     chains = [[next(names) for _ in range(length)] for length in lengths]
     values = [str(rng.randrange(config.num_values)) for _ in chains]
@@ -126,13 +153,23 @@ def multihop_example(config: MultiHopConfig, rng: random.Random) -> tuple[list[s
             chain = rng.choice(pending)
             ordered.append(chain.pop(0))
             pending = [rest for rest in pending if rest]
-    words = [word for assignment in ordered for word in assignment]
+    pairs = config.tokens == "pairs"
+    if pairs:  # `c = b ;` as the one token `c=b`
+        words = ["".join(assignment[:3]) for assignment in ordered]
+    else:
+        words = [word for assignment in ordered for word in assignment]
     is_answer = [False] * len(words)
     hops = []
-    for index in rng.sample(range(config.num_chains), config.num_queries):
-        words += ["?", chains[index][-1], values[index]]
-        is_answer += [False, False, True]
-        hops.append(len(chains[index]))
+    if config.queries == "last":
+        asked = [(index, len(chains[index]) - 1) for index in rng.sample(range(config.num_chains), config.num_queries)]
+    else:
+        variables = [(index, position) for index, chain in enumerate(chains) for position in range(len(chain))]
+        asked = [rng.choice(variables) for _ in range(config.num_queries)]
+    for index, position in asked:
+        question = [f"?{chains[index][position]}"] if pairs else ["?", chains[index][position]]
+        words += [*question, values[index]]
+        is_answer += [False] * len(question) + [True]
+        hops.append(position + 1)
     return words, is_answer, hops
 
 
