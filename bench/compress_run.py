@@ -35,7 +35,8 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
     tokenizer = load_tokenizer(TOKENIZER)
     blocks = study_blocks(tokenizer, settings.block_size, settings.max_test_blocks)
     teacher = seed_dir / TEACHER_DIR
-    if row.start != "scratch" and not (teacher / "teacher_result.json").is_file():
+    # A teacher is there when its weights and its result are (a fresh clone has the result alone: train it again).
+    if row.start != "scratch" and not all((teacher / name).is_file() for name in ("teacher_result.json", "model.safetensors")):
         _train_teacher(settings, seed, blocks, tokenizer, teacher)
 
     set_seed(seed)
