@@ -152,7 +152,7 @@ def training_arguments(settings: BenchSettings, spec: RunSpec, output_dir: Path)
         max_steps=steps,
         per_device_train_batch_size=batch_size,
         per_device_eval_batch_size=4 * batch_size,
-        learning_rate=settings.learning_rate,
+        learning_rate=spec.learning_rate or settings.learning_rate,
         warmup_steps=0 if memory else settings.warmup_steps,
         lr_scheduler_type="cosine",
         weight_decay=0.1,
@@ -218,7 +218,7 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
         "train_seconds": train_seconds,
         "tying_seconds": trainer.tying_seconds,
         "tying_decisions": len(trainer.tying_records),
-        "learning_rate": settings.learning_rate,
+        "learning_rate": args.learning_rate,
         **provenance(),
     }
     if memory:

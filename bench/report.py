@@ -26,6 +26,7 @@ from .settings import (  # noqa: E402
     STATIC_LAYOUTS,
     BenchSettings,
     RunSpec,
+    at_learning_rates,
     independent_runs,
     memory_runs,
     runs_after,
@@ -44,15 +45,39 @@ def _try_load(output: Path, spec: RunSpec) -> dict | None:
     return load_result(path) if (path / "result.json").is_file() else None
 
 
+LEARNING_RATES_FILE = "learning_rates.json"
+
+
+def read_learning_rates(output: Path) -> dict[str, float] | None:
+    """The learning rate chosen for each label by `--tune_learning_rates`, if it ran."""
+    path = output / LEARNING_RATES_FILE
+    return json.loads(path.read_text())["chosen"] if path.is_file() else None
+
+
+def write_learning_rates(output: Path, grid: tuple[float, ...], seed: int) -> Path:
+    """Each label's rate with the lowest validation loss on `seed` (the test plays play no part in the choice)."""
+    losses: dict[str, dict[str, float]] = {}
+    for path in sorted(output.glob(f"study/**/seed{seed}/result.json")):
+        run = json.loads(path.read_text())
+        if run["learning_rate"] in grid:
+            losses.setdefault(run["label"], {})[f"{run['learning_rate']:g}"] = run["validation_loss"]
+    chosen = {label: float(min(by_rate, key=by_rate.get)) for label, by_rate in losses.items()}
+    path = output / LEARNING_RATES_FILE
+    path.write_text(json.dumps({"grid": list(grid), "seed": seed, "validation_loss": losses, "chosen": chosen}, indent=2))
+    return path
+
+
 def collect_study(settings: BenchSettings, output: Path) -> dict[str, dict[int, dict]]:
-    """label -> seed -> result, for every finished study run (in the plan's order of labels)."""
+    """label -> seed -> result, for every finished study run (in the plan's order of labels), each label at its
+    chosen learning rate when `learning_rates.json` says."""
+    learning_rates = read_learning_rates(output)
     table: dict[str, dict[int, dict]] = {}
     for seed in settings.seeds:
-        specs = independent_runs(settings, seed)
+        specs = at_learning_rates(independent_runs(settings, seed), learning_rates)
         for spec in list(specs):
             result = _try_load(output, spec)
             if result is not None:
-                specs += runs_after(spec, result)
+                specs += runs_after(spec, result, learning_rates)
         for spec in specs:
             result = _try_load(output, spec)
             table.setdefault(spec.label, {})
@@ -79,7 +104,9 @@ def paired_difference(runs: dict[int, dict], baseline: dict[int, dict], key: str
 
 
 def _verdict(mean: float, half: float) -> str:
-    if math.isnan(half) or abs(mean) <= half:
+    if math.isnan(half):
+        return "one seed: no interval yet"
+    if abs(mean) <= half:
         return "no difference detected"
     return "lower" if mean < 0 else "higher"
 
@@ -176,8 +203,10 @@ def write_report(settings: BenchSettings, output: Path) -> Path:
     summary = summarise(table)
     memory = [result for spec in memory_runs(settings) if (result := _try_load(output, spec)) is not None]
     baselines = json.loads((output / "settings.json").read_text())["baselines"]
+    tuning = output / LEARNING_RATES_FILE
     payload = {
         "settings": json.loads(settings.fingerprint()) | {"seeds": list(settings.seeds)},
+        "learning_rates": json.loads(tuning.read_text()) if tuning.is_file() else None,
         "hardware": _hardware(settings),
         "baselines": baselines,
         **summary,
@@ -229,6 +258,10 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
             f"| {row['train_seconds']:.0f} | {100 * row['agent_overhead']:.1f}% |"
         )
     lines += _selection_lines(settings, rows)
+    if payload["learning_rates"]:
+        tuning = payload["learning_rates"]
+        chosen = ", ".join(f"{label} {rate:g}" for label, rate in tuning["chosen"].items())
+        lines += ["", f"Learning rates chosen on validation loss (seed {tuning['seed']}, grid {tuning['grid']}): {chosen}."]
     lines += ["", "Paired verdicts (test loss, 95% interval):", ""]
     # DLT's final map from scratch against DLT: whether the maps or the moving between them cost the quality.
     for label in ("dlt", "dlt (paper agent)", FINAL_MAP_LABEL, RANDOM_FINAL_MAP_LABEL):

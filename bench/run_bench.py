@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -24,12 +25,14 @@ from transformers import HfArgumentParser
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.measure import count_bigram_test_loss, run  # noqa: E402
-from bench.report import load_result, write_report  # noqa: E402
+from bench.report import load_result, read_learning_rates, write_learning_rates, write_report  # noqa: E402
 from bench.settings import (  # noqa: E402
     BenchArguments,
     BenchSettings,
     RunSpec,
+    at_learning_rates,
     independent_runs,
+    parse_learning_rates,
     memory_runs,
     resolve_settings,
     results_dir,
@@ -47,7 +50,17 @@ def main() -> None:
         single_run(settings, RunSpec.from_json(args.single_run), output)
         return
     claim_results_dir(output, settings)
-    failures = [] if args.report_only else Scheduler(settings, output, args.jobs, not args.skip_memory, not args.memory_only).run()
+    if args.tune_learning_rates is not None:
+        grid = parse_learning_rates(args.tune_learning_rates)
+        scheduler = Scheduler(settings, output, args.jobs, with_memory=False)
+        scheduler.queue = [(0, replace(spec, learning_rate=rate)) for rate in grid for spec in independent_runs(settings, settings.seeds[0])]
+        failures = scheduler.run()
+        print(f"\nLearning rates: {write_learning_rates(output, grid, settings.seeds[0])}")
+        if failures:
+            sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
+        return
+    learning_rates = read_learning_rates(output)
+    failures = [] if args.report_only else Scheduler(settings, output, args.jobs, not args.skip_memory, not args.memory_only, learning_rates).run()
     report = write_report(settings, output)
     print(f"\nReport: {report}")
     if failures:
@@ -81,11 +94,19 @@ class Scheduler:
     """Runs the plan seed by seed, `jobs` processes at a time; the runs that need DLT's outcome of a seed (static
     layouts at its budget, its final map from scratch) are queued when that DLT run has finished."""
 
-    def __init__(self, settings: BenchSettings, output: Path, jobs: int, with_memory: bool, with_study: bool = True):
-        self.settings, self.output, self.jobs = settings, output, jobs
+    def __init__(
+        self,
+        settings: BenchSettings,
+        output: Path,
+        jobs: int,
+        with_memory: bool,
+        with_study: bool = True,
+        learning_rates: dict[str, float] | None = None,
+    ):
+        self.settings, self.output, self.jobs, self.learning_rates = settings, output, jobs, learning_rates
         self.queue: list[tuple[float, RunSpec]] = []
         for seed_index, seed in enumerate(settings.seeds if with_study else ()):
-            self.queue += [(seed_index, spec) for spec in independent_runs(settings, seed)]
+            self.queue += [(seed_index, spec) for spec in at_learning_rates(independent_runs(settings, seed), learning_rates)]
         if with_memory:  # after the first seed: the memory figures do not wait for the whole study
             self.queue += [(0.5, spec) for spec in memory_runs(settings)]
         self.queue.sort(key=lambda item: item[0])  # stable: the plan's order within a seed
@@ -141,7 +162,7 @@ class Scheduler:
 
     def _after(self, order: float, spec: RunSpec) -> None:
         """Queue the runs a finished DLT or random run of the study makes possible, before the next seed's runs."""
-        followers = runs_after(spec, load_result(self.output / spec.directory)) if spec.kind == "study" else []
+        followers = runs_after(spec, load_result(self.output / spec.directory), self.learning_rates) if spec.kind == "study" else []
         if not followers:
             return
         position = next((i for i, (other, _) in enumerate(self.queue) if other > order), len(self.queue))

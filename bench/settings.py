@@ -131,6 +131,14 @@ class BenchArguments:
     jobs: int = field(default=1, metadata={"help": "Runs side by side, each a single-threaded process (CPU)."})
     report_only: bool = field(default=False, metadata={"help": "Write the report from finished runs; train nothing."})
     skip_memory: bool = field(default=False, metadata={"help": "Leave out the memory runs over depth."})
+    tune_learning_rates: str | None = field(
+        default=None,
+        metadata={
+            "help": "Comma-separated learning rates, e.g. '1e-3,3e-3,1e-2': train every strategy of the first seed at "
+            "each, write learning_rates.json (each strategy's rate with the lowest validation loss) and stop; a later "
+            "run of the study trains each strategy at its chosen rate (the first seed's runs are reused)."
+        },
+    )
     memory_only: bool = field(
         default=False,
         metadata={
@@ -184,6 +192,16 @@ def resolve_settings(args: BenchArguments) -> BenchSettings:
     settings = dataclasses.replace(PRESETS[args.preset], **overrides)
     _check(settings)
     return settings
+
+
+def parse_learning_rates(text: str) -> tuple[float, ...]:
+    try:
+        rates = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        rates = ()
+    if not rates or not all(0 < rate < 1 for rate in rates):
+        raise ValueError(f"--tune_learning_rates {text!r}: expected comma-separated learning rates in (0, 1), e.g. '1e-3,3e-3,1e-2'")
+    return rates
 
 
 def _parse_integers(text: str, name: str) -> tuple[int, ...]:
@@ -244,6 +262,7 @@ class RunSpec:
     dlt_variant: str = "default"
     num_blocks: int | None = None
     tying: tuple[tuple[str, object], ...] = ()  # other tying settings, (name, value) pairs: the controls' changes
+    learning_rate: float | None = None  # None: the preset's; else this run's (chosen per label by --tune_learning_rates)
 
     @property
     def directory(self) -> str:
@@ -251,6 +270,8 @@ class RunSpec:
         if self.dlt_variant != "default":
             name += f"-{self.dlt_variant}"
         name += "".join(f"-{setting}={value}" for setting, value in self.tying)
+        if self.learning_rate is not None:
+            name += f"-lr{self.learning_rate:g}"
         depth = f"L{self.num_blocks}/" if self.num_blocks is not None else ""
         return f"{self.kind}/{depth}{name}/seed{self.seed}"
 
@@ -317,13 +338,25 @@ def runs_after_random(seed: int, final_map: list[int]) -> list[RunSpec]:
     return [RunSpec(RANDOM_FINAL_MAP_LABEL, "static:" + ",".join(map(str, final_map)), seed)]
 
 
-def runs_after(spec: RunSpec, result: dict) -> list[RunSpec]:
-    """The runs a finished study run makes possible: DLT's (default agent) and random's followers."""
-    if spec.strategy == "dlt" and spec.dlt_variant == "default":
-        return runs_after_dlt(spec.seed, result["final_map"], result["distinct_final"], result["distinct_mean"])
-    if spec.strategy == "random":
-        return runs_after_random(spec.seed, result["final_map"])
-    return []
+def runs_after(spec: RunSpec, result: dict, learning_rates: dict[str, float] | None = None) -> list[RunSpec]:
+    """The runs a finished study run makes possible: DLT's (default agent, no other setting) and random's
+    followers, at their own label's learning rate (`learning_rates`) or, without a table, at their leader's."""
+    if spec.strategy == "dlt" and spec.dlt_variant == "default" and not spec.tying:
+        followers = runs_after_dlt(spec.seed, result["final_map"], result["distinct_final"], result["distinct_mean"])
+    elif spec.strategy == "random":
+        followers = runs_after_random(spec.seed, result["final_map"])
+    else:
+        return []
+    if learning_rates is None:
+        return [dataclasses.replace(follower, learning_rate=spec.learning_rate) for follower in followers]
+    return at_learning_rates(followers, learning_rates)
+
+
+def at_learning_rates(specs: list[RunSpec], learning_rates: dict[str, float] | None) -> list[RunSpec]:
+    """Each run at the learning rate chosen for its label (`learning_rates.json`), the preset's when none was."""
+    if not learning_rates:
+        return specs
+    return [dataclasses.replace(spec, learning_rate=learning_rates.get(spec.label)) for spec in specs]
 
 
 def memory_runs(settings: BenchSettings) -> list[RunSpec]:

@@ -211,3 +211,35 @@ def test_compress_runs_every_row_at_the_budget_and_a_rerun_trains_nothing(tmp_pa
     rerun = _compress(tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert sorted(path.stat().st_mtime_ns for path in tmp_path.glob("**/result.json")) == written
+
+
+def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss(tmp_path):
+    from bench.report import read_learning_rates, write_learning_rates
+    from bench.settings import RunSpec, at_learning_rates, runs_after
+
+    # Seed 0 of two labels at three rates, as --tune_learning_rates leaves them (the test loss plays no part).
+    validation = {("none", 1e-3): 4.4, ("none", 3e-3): 4.2, ("none", 1e-2): 4.9, ("dlt", 1e-3): 4.6, ("dlt", 3e-3): 4.7, ("dlt", 1e-2): 4.5}
+    for (label, rate), loss in validation.items():
+        spec = RunSpec(label, label, 0, learning_rate=rate)
+        (tmp_path / spec.directory).mkdir(parents=True)
+        record = {"label": label, "learning_rate": rate, "validation_loss": loss, "test_loss": 10 - loss}
+        (tmp_path / spec.directory / "result.json").write_text(json.dumps(record))
+    write_learning_rates(tmp_path, (1e-3, 3e-3, 1e-2), seed=0)
+    chosen = read_learning_rates(tmp_path)
+    assert chosen == {"none": 3e-3, "dlt": 1e-2}
+
+    specs = at_learning_rates([RunSpec("none", "none", 1), RunSpec("dlt", "dlt", 1)], chosen)
+    assert [spec.learning_rate for spec in specs] == [3e-3, 1e-2]
+    assert specs[0].directory == "study/none-lr0.003/seed1"  # seed 0 at its chosen rate is the tuning run itself
+    dlt_result = {"final_map": [0, 0, 2, 2], "distinct_final": 2, "distinct_mean": 2.0}
+    followers = runs_after(specs[1], dlt_result, chosen)
+    assert all(follower.learning_rate is None for follower in followers)  # not tuned: the preset's rate
+    assert all(follower.learning_rate == 1e-2 for follower in runs_after(specs[1], dlt_result))  # tuning: the leader's
+
+
+@pytest.mark.parametrize("text", ["", "0.001,x", "0", "3"])
+def test_a_bad_learning_rate_grid_is_named(text):
+    from bench.settings import parse_learning_rates
+
+    with pytest.raises(ValueError, match=r"--tune_learning_rates .*expected comma-separated learning rates in \(0, 1\)"):
+        parse_learning_rates(text)
