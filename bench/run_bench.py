@@ -31,6 +31,8 @@ from bench.settings import (  # noqa: E402
     BenchSettings,
     RunSpec,
     at_learning_rates,
+    control_runs,
+    core_runs,
     independent_runs,
     parse_learning_rates,
     memory_runs,
@@ -105,8 +107,11 @@ class Scheduler:
     ):
         self.settings, self.output, self.jobs, self.learning_rates = settings, output, jobs, learning_rates
         self.queue: list[tuple[float, RunSpec]] = []
-        for seed_index, seed in enumerate(settings.seeds if with_study else ()):
-            self.queue += [(seed_index, spec) for spec in at_learning_rates(independent_runs(settings, seed), learning_rates)]
+        seeds = settings.seeds if with_study else ()
+        for seed_index, seed in enumerate(seeds):  # every seed's core runs (and their followers) before any control
+            self.queue += [(seed_index, spec) for spec in at_learning_rates(core_runs(settings, seed), learning_rates)]
+            if settings.controls:
+                self.queue += [(len(seeds) + seed_index, spec) for spec in at_learning_rates(control_runs(settings, seed), learning_rates)]
         if with_memory:  # after the first seed: the memory figures do not wait for the whole study
             self.queue += [(0.5, spec) for spec in memory_runs(settings)]
         self.queue.sort(key=lambda item: item[0])  # stable: the plan's order within a seed

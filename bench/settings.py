@@ -295,9 +295,15 @@ def untied_label(settings: BenchSettings) -> str:
 
 
 def independent_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
-    """The runs of a seed that need nothing from another run; `untied, U blocks` is conventional training of a
-    model as shallow as the budget: the same parameters, gradients and optimizer state as a tied model with U
-    distinct blocks, so the alternative a user with that memory would pick instead of tying."""
+    """The runs of a seed that need nothing from another run: its core runs, then its controls (presets with
+    `controls`)."""
+    return core_runs(settings, seed) + (control_runs(settings, seed) if settings.controls else [])
+
+
+def core_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
+    """The runs behind the study's main contrasts; `untied, U blocks` is conventional training of a model as
+    shallow as the budget: the same parameters, gradients and optimizer state as a tied model with U distinct
+    blocks, so the alternative a user with that memory would pick instead of tying."""
     budget = settings.max_distinct_blocks
     return [
         RunSpec("none", "none", seed),
@@ -306,7 +312,6 @@ def independent_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
         RunSpec("dlt (paper agent)", "dlt", seed, dlt_variant="paper"),
         RunSpec("random", "random", seed),
         RunSpec("similarity", f"similarity:{budget}", seed),
-        *(control_runs(settings, seed) if settings.controls else []),
     ]
 
 
