@@ -17,7 +17,9 @@ The maps: fixed patterns (`cycle:U`, `sequence:U`), `similarity:U` measured on t
 distance, `hf_layertie.block_similarity`), and DLT started from `sequence:U` under a cap of U, its untied blocks
 given back their own trained weights (`untie_init="own"`) or a copy of their source's (`"source"`, the paper).
 Each with `tie_init` root and mean where it applies; and the teacher cut down to U of its own blocks (its first U,
-or the U that `similarity:U` keeps). Not measured yet: LoRA-relaxed ties (bench/README.md).
+or the U that `similarity:U` keeps). Relaxed ties (`lora_rank`, `hf_layertie.relaxed_ties`): the best fixed
+map with a LoRA per position, started from what the tie took from it (`lora_init="svd"`) or from zero, at ranks
+2 and 8 (their adapters add to the training state, which the table reports).
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ class Row:
     tie_init: str | None = None
     untie_init: str | None = None
     all_tokens: bool = False  # from scratch for the teacher's steps and the uptraining's
+    lora_rank: int | None = None  # relaxed ties
+    lora_init: str | None = None
 
     @property
     def directory(self) -> str:
@@ -103,6 +107,11 @@ def plan(settings: CompressSettings) -> list[Row]:
     rows += [
         Row(f"converted, dlt from sequence, mean, untie to {untie}", "teacher", "dlt", tie_init="mean", untie_init=untie)
         for untie in ("own", "source")
+    ]
+    relaxed = [(f"static:sequence:{budget}", 2, "svd"), (f"static:sequence:{budget}", 8, "svd"), (f"static:sequence:{budget}", 8, "zero"), (f"similarity:{budget}", 8, "svd")]
+    rows += [
+        Row(f"converted, {strategy.split(':')[-2]}, mean, relaxed r = {rank} ({init} init)", "teacher", strategy, tie_init="mean", lora_rank=rank, lora_init=init)
+        for strategy, rank, init in relaxed
     ]
     rows += [
         Row(f"teacher truncated to its first {budget} blocks", "truncated"),

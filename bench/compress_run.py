@@ -75,7 +75,8 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
         "map_choice": row.strategy.removeprefix("static:").split(":")[0] if row.strategy != "none" else row.start,
         "tie_init": row.tie_init,
         "untie_init": row.untie_init,
-        "lora_rank": None,
+        "lora_rank": row.lora_rank,
+        "lora_init": row.lora_init,
         "learning_rate": args.learning_rate,
         "train_steps": steps,
         "num_blocks": len(model.tying_map),
@@ -116,6 +117,8 @@ def _tying_settings(settings: CompressSettings, row: Row) -> dict:
         max_distinct_blocks=settings.distinct_blocks,
         tying_initial_map=f"sequence:{settings.distinct_blocks}",
         similarity_warmup_steps=0,  # measure the teacher as loaded
+        lora_rank=row.lora_rank,
+        lora_init=row.lora_init,
     )
     reads = DECISIONS[row.strategy.partition(":")[0]].settings
     return {name: value for name, value in tying.items() if name == "tying_strategy" or (name in reads and value is not None)}

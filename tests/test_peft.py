@@ -83,9 +83,15 @@ def test_untying_adapters_that_are_merged_already_is_refused():
         peft_model.untie_adapted_blocks()
 
 
-def test_to_untied_with_adapters_in_place_is_refused_naming_the_way_to_merge():
+def test_to_untied_merges_each_positions_adapters_into_its_own_weights_and_leaves_the_model_alone():
     peft_model = add_adapters(GPT2.tied_model([0, 0, 2, 2]), lora(), warns="blocks [0, 1, 2, 3]")
-    with pytest.raises(ValueError, match=r"to_untied\(\) needs a model without PEFT adapters: merge them first"):
+    expected = logits(peft_model)
+    plain = peft_model.get_base_model().to_untied()
+    assert type(plain).__name__ == "GPT2LMHeadModel"
+    torch.testing.assert_close(logits(plain.eval()), expected)
+    assert torch.equal(logits(peft_model), expected) and peft_model.get_base_model().tying_map.to_list() == [0, 0, 2, 2]
+    peft_model.merge_adapter()
+    with pytest.raises(ValueError, match=r"adapters of blocks \[0, 1, 2, 3\] are merged already: call unmerge_adapter"):
         peft_model.get_base_model().to_untied()
 
 

@@ -47,12 +47,18 @@ class TrainingRun(Protocol):
         """Each block's angular distance on the current batch (`hf_layertie.block_similarity`; main process only)."""
 
     def apply(
-        self, tying_map: TyingMap, tie_init: str = "root", untied_weights: dict[int, dict[str, torch.Tensor]] | None = None
+        self,
+        tying_map: TyingMap,
+        tie_init: str = "root",
+        untied_weights: dict[int, dict[str, torch.Tensor]] | None = None,
+        lora_rank: int | None = None,
+        lora_init: str | None = None,
     ) -> dict:
         """Re-tie the model (with its optimizer and DDP wrapper) and return the map's fields for a log row.
 
         `tie_init` as in `TiedBlocksMixin.retie`; `untied_weights[b]`, when given, replaces the weights of every block
-        `b` the map unties (with fresh optimizer state)."""
+        `b` the map unties (with fresh optimizer state); `lora_rank` then relaxes the ties
+        (`hf_layertie.relaxed_ties.relax_ties` with `lora_init`), before the optimizer exists."""
 
     def block_weights(self) -> dict[int, dict[str, torch.Tensor]]:
         """A CPU copy of the weights every block computes with now, by block and name."""

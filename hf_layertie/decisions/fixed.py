@@ -7,6 +7,7 @@ from ..checks import check_choice, check_integer
 from ..models.configuration_tying import TIE_INITS
 from ..models.tying_map import TyingMap
 from ..models.tying_strategies import check_static_spec, resolve_tying_map
+from ..relaxed_ties import check_lora_settings
 from .base import TrainingRun, TyingDecisions
 
 
@@ -14,11 +15,14 @@ class _OneDecision(TyingDecisions):
     """A strategy whose one decision is logged as the run's single row."""
 
     needs_tied_model = True
-    settings = {"tie_init": "root"}
+    settings = {"tie_init": "root", "lora_rank": None, "lora_init": None}
 
     @classmethod
     def resolve_arguments(cls, args) -> None:
         check_choice("tie_init", args.tie_init, TIE_INITS)
+        if args.lora_rank is not None and args.lora_init is None:
+            args.lora_init = "svd"
+        check_lora_settings(args.lora_rank, args.lora_init)
 
     @property
     def argument(self) -> str:
@@ -26,7 +30,9 @@ class _OneDecision(TyingDecisions):
         return self.args.tying_strategy.partition(":")[2]
 
     def _apply(self, run: TrainingRun, tying_map: TyingMap, **extra) -> None:
-        row = {"index": len(self.rows), "step": run.step, **run.apply(tying_map, tie_init=self.args.tie_init), **extra}
+        args = self.args
+        fields = run.apply(tying_map, tie_init=args.tie_init, lora_rank=args.lora_rank, lora_init=args.lora_init)
+        row = {"index": len(self.rows), "step": run.step, **fields, **extra}
         self.rows.append(row)
         run.log(row, None)
 

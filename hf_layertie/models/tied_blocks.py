@@ -119,6 +119,11 @@ def _use_parameters(block: nn.Module, parameters: dict[str, nn.Parameter]) -> No
             module._parameters[name] = parameters[key]
 
 
+def _dot_positions(key: str):
+    """The ends of `key`'s dotted prefixes, longest last (`a.b.c` -> 1, 3)."""
+    return (index for index, character in enumerate(key) if character == ".")
+
+
 def _fresh_copy(parameter: nn.Parameter) -> nn.Parameter:
     return nn.Parameter(parameter.detach().clone(), requires_grad=parameter.requires_grad)
 
@@ -305,7 +310,7 @@ class TiedBlocksMixin:
                 f"PEFT adapters were added to blocks {sharing}, which share their weights with other blocks "
                 f"(tying map {tying_map.render()}). Training and inference are correct, but a merge "
                 f"(merge_and_unload, merge_adapter) would add every position's update into the shared weights: "
-                f"call untie_adapted_blocks() before merging.",
+                f"call untie_adapted_blocks() before merging (to_untied() merges each position into its own weights).",
                 stacklevel=3,
             )
 
@@ -393,6 +398,50 @@ class TiedBlocksMixin:
         if output_embeddings is self.get_output_embeddings():
             super()._adjust_bias(output_embeddings, input_embeddings)
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """`PreTrainedModel.save_pretrained`; a model carrying adapters added through transformers (`add_adapter`,
+        `load_adapter`, relaxed ties) also writes its tied base, next to the adapters.
+
+        transformers saves such a model as its adapters alone, expecting the base to be a published checkpoint;
+        a tied base rarely is (its map and shared weights are what was trained), and relaxed ties train it.
+        The folder then holds both, in transformers' layout of a local model with an embedded adapter:
+        `from_pretrained(save_directory)` loads the base from it, then the adapters.
+        """
+        if not getattr(self, "_hf_peft_config_loaded", False):
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("push_to_hub"):
+            raise ValueError(
+                "push_to_hub=True would upload only what one save writes; save the model with adapters, then upload "
+                "the folder (huggingface_hub.upload_folder)"
+            )
+        state_dict = kwargs.pop("state_dict", None)
+        # transformers' own switch between a full save and an adapter-only one.
+        self._hf_peft_config_loaded = False
+        try:
+            super().save_pretrained(save_directory, *args, state_dict=self.base_state_dict(state_dict), **kwargs)
+        finally:
+            self._hf_peft_config_loaded = True
+        return super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
+
+    def base_state_dict(self, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """`state_dict` (the model's by default) without PEFT adapters, each adapted layer's base weights under the
+        layer's own name: the state dict of the tied model the adapters sit on."""
+        state_dict = self.state_dict() if state_dict is None else state_dict
+        names = self._base_state_names(state_dict)
+        return {names[key]: value for key, value in state_dict.items() if key in names}
+
+    def _base_state_names(self, keys) -> dict[str, str]:
+        """`{key: its name in the base state dict}` for the keys that are not adapter weights."""
+        adapted = {name for name, module in self.named_modules() if _is_adapter_layer(module)}
+        names = {}
+        for key in keys:
+            layer = next((key[:end] for end in _dot_positions(key) if key[:end] in adapted), None)
+            if layer is None:
+                names[key] = key
+            elif key.startswith(f"{layer}.base_layer."):
+                names[key] = layer + key[len(layer) + len(".base_layer") :]
+        return names
+
     @classmethod
     def untied_class(cls) -> type[PreTrainedModel]:
         """The transformers class this one ties the blocks of (e.g. `LlamaForCausalLM`), which `to_untied` returns."""
@@ -404,19 +453,16 @@ class TiedBlocksMixin:
         """The equivalent plain transformers model (e.g. `LlamaForCausalLM`): every block owns a copy of its weights.
 
         Its `save_pretrained` writes a checkpoint that stock transformers, and tools built on it (vLLM,
-        llama.cpp's converter), load without hf-layertie or remote code, with the same logits.
+        llama.cpp's converter), load without hf-layertie or remote code, with the same logits. PEFT adapters
+        (relaxed ties) are merged into each position's own copy of its weights; this model keeps them.
         """
-        if self._adapted_blocks():
-            raise ValueError(
-                "to_untied() needs a model without PEFT adapters: merge them first (untie_adapted_blocks(), then "
-                "merge_and_unload() on the PEFT model), or remove them with unload()"
-            )
+        state_dict = self._merged_state_dict() if self._adapted_blocks() else self.state_dict()
         plain_class = self.untied_class()
         config_dict = {
             key: value for key, value in self.config.to_dict().items() if key not in TYING_FIELDS + _TIED_CLASS_KEYS
         }
         plain = plain_class(plain_class.config_class.from_dict(config_dict)).to(device=self.device, dtype=self.dtype)
-        plain.load_state_dict(self.state_dict())
+        plain.load_state_dict(state_dict)
         # Buffers keep this model's dtypes: casting them with the weights would turn rotary `inv_freq` (float32
         # in a half-precision model loaded by transformers) into half precision and change the logits.
         own_buffers = dict(self.named_buffers(remove_duplicate=False))
@@ -428,6 +474,21 @@ class TiedBlocksMixin:
         if self.can_generate():
             plain.generation_config = copy.deepcopy(self.generation_config)
         return plain.train(self.training)
+
+    def _merged_state_dict(self) -> dict[str, torch.Tensor]:
+        """The plain state dict of this model with every position's adapters merged into its own weights: PEFT's
+        merge, on a copy whose adapted blocks were untied first (`untie_adapted_blocks`)."""
+        merged = [block for block, layers in self._adapted_blocks().items() if any(layer.merged for layer in layers)]
+        if merged:
+            raise ValueError(f"the adapters of blocks {merged} are merged already: call unmerge_adapter() first")
+        copied = copy.deepcopy(self)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            copied.untie_adapted_blocks()
+        for layers in copied._adapted_blocks().values():
+            for layer in layers:
+                layer.merge()
+        return copied.base_state_dict()
 
     def parameter_counts(self) -> ParameterCounts:
         """Total and trainable parameters, split into embeddings, blocks and the rest."""

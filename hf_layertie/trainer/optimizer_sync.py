@@ -46,6 +46,19 @@ def sync_optimizer_with_model(optimizer: torch.optim.Optimizer, model: nn.Module
             group_of[fresh] = group_of[sources[0]]
     for parameter in report.removed:
         optimizer.state.pop(parameter, None)
+    _regroup(optimizer, model, group_of)
+
+
+def add_to_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, added: list[nn.Parameter], like: nn.Parameter) -> None:
+    """Put new Parameters (adapters added mid-run) into the param group of `like`, without state, keeping the
+    groups in `named_parameters()` order as `sync_optimizer_with_model` does."""
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+    group_of = {parameter: index for index, group in enumerate(optimizer.param_groups) for parameter in group["params"]}
+    group_of.update(dict.fromkeys(added, group_of[like]))
+    _regroup(optimizer, model, group_of)
+
+
+def _regroup(optimizer: torch.optim.Optimizer, model: nn.Module, group_of: dict[nn.Parameter, int]) -> None:
     parameters = [parameter for _, parameter in model.named_parameters()]
     for index, group in enumerate(optimizer.param_groups):
         group["params"] = [parameter for parameter in parameters if group_of.get(parameter) == index]

@@ -79,6 +79,16 @@ class TyingTrainingArguments(TrainingArguments):
         starts from the weights the model has then: `"root"`, those its first block used; `"mean"`, the average
         of those its blocks used. Converting a trained model (README, "Compressing a trained model"). Later
         decisions always share the weights of the block they tie to, as in the paper.
+    lora_rank (`int`, static and similarity):
+        Relaxed ties: once the strategy's map is applied, every block position gets a LoRA of this rank on each of
+        its linear layers (PEFT), trained together with the shared weights, so positions that share weights can
+        differ (Relaxed Recursive Transformers; `hf_layertie.relaxed_ties`). Its parameters count in the model's
+        parameters and training state; the model saves as a tied checkpoint with the adapters embedded, and
+        `to_untied()` merges each position's into its own weights. Unset: no adapters. Needs `peft`.
+    lora_init (`str`, with `lora_rank`, defaults to `"svd"`):
+        `"svd"`: each position's LoRA starts from the truncated SVD of its weights before the map minus the shared
+        weights it computes with after (what the tie took from it; converting a trained model); `"zero"`: PEFT's
+        initialisation, a zero update.
     untie_init (`str`, dlt and random, defaults to `"source"`):
         The weights a block starts from when a decision unties it: `"source"`, a copy of those it shared (and
         their optimizer state), as in the paper; `"own"`, the weights the block had when training started (before
@@ -121,6 +131,8 @@ class TyingTrainingArguments(TrainingArguments):
         "static/similarity/dlt/random: groups of the first map start from their first block's weights ('root', the "
         "default) or their blocks' mean ('mean': converting a trained model)."
     )
+    lora_rank: int | None = _setting("static/similarity: relaxed ties, a LoRA of this rank per block position on the shared weights.")
+    lora_init: str | None = _setting("with lora_rank: 'svd' (the default: what the tie took from each position) or 'zero'.")
     untie_init: str | None = _setting(
         "dlt/random: an untied block starts from a copy of its source ('source', the default) or from its own weights "
         "at the start of training ('own': a converted trained model)."

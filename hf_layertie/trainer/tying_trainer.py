@@ -34,6 +34,7 @@ from ..decisions import TyingDecisions
 from ..model_card import write_model_card
 from ..models.tied_blocks import TiedBlocksMixin
 from ..models.tying_map import TyingMap
+from ..relaxed_ties import load_relaxed_weights, relax_ties
 from .checkpoint_format import (
     TYING_STATE_NAME,
     checkpoint_step,
@@ -43,7 +44,7 @@ from .checkpoint_format import (
     write_tying_state,
 )
 from .non_finite_loss import NonFiniteLossGuard
-from .optimizer_sync import rebuild_data_parallel, sync_optimizer_with_model
+from .optimizer_sync import add_to_optimizer, rebuild_data_parallel, sync_optimizer_with_model
 from .training_args import TyingTrainingArguments
 from .tying_history import TyingHistory
 from .tying_plot import plot_tying_history, require_matplotlib
@@ -218,12 +219,19 @@ class TyingTrainer(Trainer):
         return value
 
     def apply_tying_map(
-        self, tying_map: TyingMap, tie_init: str = "root", untied_weights: dict[int, dict[str, torch.Tensor]] | None = None
+        self,
+        tying_map: TyingMap,
+        tie_init: str = "root",
+        untied_weights: dict[int, dict[str, torch.Tensor]] | None = None,
+        lora_rank: int | None = None,
+        lora_init: str | None = None,
     ) -> dict:
         """Re-tie the model, bring the optimizer and the DDP wrapper along, and return the map's log fields.
 
         `tie_init` as in `retie`; `untied_weights[b]` replaces the weights of each block `b` the map unties, whose
-        optimizer state then starts afresh (`untie_init="own"`)."""
+        optimizer state then starts afresh (`untie_init="own"`); `lora_rank` relaxes the new ties (`relax_ties`),
+        whose adapters join the param group of the weights they adapt."""
+        weights_before = self._loop_view().block_weights() if lora_init == "svd" else None
         with self._timed("retie"):
             report = self.model.retie(tying_map, tie_init=tie_init)
             untied = [block for block in report.new_map.independent_blocks if not report.old_map.is_independent(block)]
@@ -240,6 +248,8 @@ class TyingTrainer(Trainer):
         if report.changed:
             with self._timed("ddp_rebuild"):
                 rebuild_data_parallel(self.model_wrapped)
+        if lora_rank is not None:
+            self._relax(lora_rank, lora_init, weights_before)
         counts = self.model.parameter_counts()
         return {
             "map": tying_map.to_list(),
@@ -248,6 +258,15 @@ class TyingTrainer(Trainer):
             "trainable_parameters": counts.trainable,
             "block_parameters": counts.blocks,
         }
+
+    def _relax(self, lora_rank: int, lora_init: str, weights_before: dict | None) -> None:
+        """Add the adapters of relaxed ties; mid-run (similarity decides at its first step), into the optimizer
+        (the group of the weights they adapt) and the DDP wrapper."""
+        adapters = relax_ties(self.model, lora_rank, lora_init, weights_before)
+        if self.optimizer is not None:
+            adapted = next(module for module in self.model.tied_blocks.modules() if hasattr(module, "base_layer"))
+            add_to_optimizer(self.optimizer, self.model, adapters, like=adapted.base_layer.weight)
+            rebuild_data_parallel(self.model_wrapped)
 
     # ----- logging and history -----
 
@@ -319,11 +338,20 @@ class TyingTrainer(Trainer):
             # The history on disk restarts from the checkpoint, as the run does.
             self.history.restart(self.decisions.completed_rows)
             self.history.flush(self.args.should_save)
+        if self.args.lora_rank is not None:  # relaxed ties: the tied base and its adapters
+            if not getattr(self.model, "_hf_peft_config_loaded", False):  # added mid-run (similarity), not yet here
+                relax_ties(self.model, self.args.lora_rank, "zero")
+            load_relaxed_weights(self.model, resume_from_checkpoint)
+            return
         super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def _load_best_model(self) -> None:
-        if self.args.tying_mode != "none" and self.state.best_model_checkpoint:
-            self.model.retie(checkpoint_tying_map(self.state.best_model_checkpoint, len(self.model.tied_blocks)))
+        best = self.state.best_model_checkpoint
+        if self.args.tying_mode != "none" and best:
+            self.model.retie(checkpoint_tying_map(best, len(self.model.tied_blocks)))
+        if best and self.args.lora_rank is not None:
+            load_relaxed_weights(self.model, best)
+            return
         super()._load_best_model()
 
     def _check_resumes_the_saved_settings(self, checkpoint: str, state: dict | None) -> None:

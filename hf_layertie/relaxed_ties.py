@@ -1,0 +1,152 @@
+"""Relaxed ties: a LoRA per block position on the shared weights, trained together with them.
+
+Relaxed Recursive Transformers (Bae et al., ICLR 2025) convert a trained model by tying its layers and giving each
+position a low-rank correction of its own: every position of a group computes with the group's shared weights plus
+its LoRA, so positions that share weights need not compute the same function, at the cost of `r (in + out)`
+parameters per adapted layer and position. Their LoRAs start from the truncated SVD of what each position loses by
+the tie (its own trained weights minus the shared ones), which restores the trained model as far as rank `r`
+allows; the shared weights and the LoRAs are then trained together.
+
+Here the adapters are PEFT's, added through transformers (`model.add_adapter`), so the model stays the tied
+model (`TyingTrainer` and `retie` see it as before) and saves as a tied checkpoint with its adapters embedded
+(`TiedBlocksMixin.save_pretrained`): `from_pretrained(folder)` loads both, and `to_untied()` merges each
+position's adapters into its own weights for a plain export. `TyingTrainingArguments.lora_rank` adds them when the
+strategy's map is applied (static, similarity): `--lora_rank` in the scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import torch
+from torch import nn
+
+from .checks import check_choice, check_integer
+from .models.tied_blocks import TiedBlocksMixin, _is_adapter_layer
+
+LORA_INITS = ("svd", "zero")
+ADAPTER_NAME = "default"
+# transformers writes the adapter keys of a model with `add_adapter` with PEFT's prefix (`save_peft_format`).
+_PEFT_PREFIX = "base_model.model."
+
+
+def check_lora_settings(lora_rank, lora_init) -> None:
+    """One error naming the setting: a rank below 1, an unknown init, or an init without a rank."""
+    if lora_rank is None:
+        if lora_init is not None:
+            raise ValueError(f"lora_init={lora_init!r} needs lora_rank: relaxed ties are off without a rank")
+        return
+    check_integer("lora_rank", lora_rank, minimum=1)
+    check_choice("lora_init", lora_init, LORA_INITS)
+
+
+def relax_ties(
+    model: TiedBlocksMixin,
+    lora_rank: int,
+    lora_init: str = "svd",
+    weights_before: dict[int, dict[str, torch.Tensor]] | None = None,
+) -> list[nn.Parameter]:
+    """Add a LoRA of rank `lora_rank` to every linear layer of every block position; return its Parameters.
+
+    The base weights keep the trainability they had (PEFT would freeze them: relaxed ties train them too). With
+    `lora_init="svd"`, each position's LoRA starts from the rank-`lora_rank` truncated SVD of `weights_before[b]`
+    (the weights block `b` computed with before its map was applied, by name within the block, as
+    `TrainingRun.block_weights` gives them) minus the weights it shares now; a position whose weights did not
+    change keeps PEFT's initialisation (zero update). `"zero"`: PEFT's initialisation everywhere, so the relaxed
+    model starts as the tied one. `lora_alpha = lora_rank`: the update is `B @ A`, unscaled, at every rank.
+    """
+    try:
+        from peft import LoraConfig
+    except ImportError as error:
+        raise ImportError("lora_rank (relaxed ties) needs PEFT: pip install 'hf-layertie[peft]'") from error
+    check_lora_settings(lora_rank, lora_init)
+    if lora_init == "svd" and weights_before is None:
+        raise ValueError("lora_init='svd' needs weights_before: the weights each block used before its map was applied")
+    if getattr(model, "_hf_peft_config_loaded", False) or model._adapted_blocks():
+        raise ValueError("the model carries PEFT adapters already: relaxed ties add their own to a model without any")
+    trainable = {parameter: parameter.requires_grad for parameter in model.parameters()}
+    targets = _block_linear_modules(model)
+    config = LoraConfig(
+        r=lora_rank,
+        lora_alpha=lora_rank,
+        lora_dropout=0.0,
+        target_modules=list(targets),
+        fan_in_fan_out=any(type(module).__name__ == "Conv1D" for module in targets.values()),
+    )
+    with warnings.catch_warnings():  # the tied model's warning about merging shared weights: `to_untied` merges right
+        warnings.filterwarnings("ignore", message="PEFT adapters were added")
+        model.add_adapter(config, adapter_name=ADAPTER_NAME)
+    for parameter, requires_grad in trainable.items():
+        parameter.requires_grad_(requires_grad)
+    if lora_init == "svd":
+        _initialise_from_residuals(model, weights_before, lora_rank)
+    return [parameter for parameter in model.parameters() if parameter not in trainable]
+
+
+def _block_linear_modules(model: TiedBlocksMixin) -> dict[str, nn.Module]:
+    """The linear layers (`nn.Linear`, GPT-2's `Conv1D`) inside the tied blocks, by full name: the adapted layers.
+    Named one by one because PEFT's `"all-linear"` also takes heads outside the blocks (BERT's pooler)."""
+    prefix = model.tied_blocks_path
+    return {
+        f"{prefix}.{name}": module
+        for name, module in model.tied_blocks.named_modules()
+        if type(module).__name__ in ("Linear", "Conv1D")
+    }
+
+
+@torch.no_grad()
+def _initialise_from_residuals(model: TiedBlocksMixin, weights_before: dict, rank: int) -> None:
+    for block, module in enumerate(model.tied_blocks):
+        for name, layer in module.named_modules():
+            if not _is_adapter_layer(layer):
+                continue
+            shared = layer.base_layer.weight
+            residual = weights_before[block][f"{name}.weight"].to(shared.device, torch.float32) - shared.float()
+            if not residual.any():
+                continue
+            if layer.fan_in_fan_out:  # GPT-2's Conv1D stores (in, out); LoRA's `B @ A` is (out, in)
+                residual = residual.T
+            left, singular, right = torch.linalg.svd(residual, full_matrices=False)
+            kept = min(rank, singular.numel())
+            root = singular[:kept].sqrt() / layer.scaling[ADAPTER_NAME] ** 0.5
+            lora_a, lora_b = layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight
+            lora_a.zero_()
+            lora_b.zero_()
+            lora_a[:kept] = (root[:, None] * right[:kept]).to(lora_a.dtype)
+            lora_b[:, :kept] = (left[:, :kept] * root).to(lora_b.dtype)
+
+
+def load_relaxed_weights(model: TiedBlocksMixin, folder: str) -> None:
+    """Load a folder that `save_pretrained` wrote from a model with adapters (the tied base and its adapters) into
+    `model`, which carries the same adapters: how a relaxed run resumes from its checkpoint."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    base_names = model._base_state_names(model.state_dict())
+    actual_names = {base_name: name for name, base_name in base_names.items()}
+    loaded = {}
+    for file in _weight_files(folder):
+        loaded.update({actual_names.get(key, key): value for key, value in load_file(file).items()})
+    result = model.load_state_dict(loaded, strict=False)
+    tied = set(getattr(model, "all_tied_weights_keys", {}))
+    missing = [key for key in result.missing_keys if key in base_names and base_names[key] not in tied]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"{folder} does not hold this model's base weights (missing {missing[:5]}, unexpected {result.unexpected_keys[:5]})")
+    adapters = load_file(os.path.join(folder, "adapter_model.safetensors"))
+    adapters = {key.removeprefix(_PEFT_PREFIX): value for key, value in adapters.items()}
+    result = set_peft_model_state_dict(model, adapters, adapter_name=ADAPTER_NAME)
+    if result.unexpected_keys:
+        raise ValueError(f"{folder} holds adapters this model does not have: {result.unexpected_keys[:5]}")
+
+
+def _weight_files(folder: str) -> list[str]:
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as file:
+            return [os.path.join(folder, name) for name in sorted(set(json.load(file)["weight_map"].values()))]
+    single = os.path.join(folder, "model.safetensors")
+    if not os.path.isfile(single):
+        raise FileNotFoundError(f"{folder} has no model.safetensors (nor its index): not a saved model with adapters")
+    return [single]

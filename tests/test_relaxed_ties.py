@@ -1,0 +1,180 @@
+"""Relaxed ties (README, "Compressing a trained model"): a LoRA per block position on the shared weights, started
+from what the tie took from each position, trained with the shared weights, saved with the tied base, resumed, and
+exported with each position's adapters merged into its own weights."""
+
+import pytest
+import torch
+from conftest import GPT2, every_kind
+from test_conversion import trained_plain_checkpoint  # noqa: F401 (fixture)
+from test_run_scripts import clm_run, text_files, tiny_flags  # noqa: F401 (fixtures)
+from test_tied_models import load_cleanly, logits, perturb_
+from test_tying_trainer import OptimizerMatchesModel, make_trainer, tiny_model, tying_args
+from transformers import AutoModelForCausalLM, TrainerCallback
+
+from hf_layertie.language_modeling import CAUSAL_LM, run
+from hf_layertie.relaxed_ties import relax_ties
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "config.json", "model.safetensors")
+
+
+def weights_of_blocks(model) -> dict[int, dict[str, torch.Tensor]]:
+    return {
+        block: {name: parameter.detach().clone() for name, parameter in module.named_parameters()}
+        for block, module in enumerate(model.tied_blocks)
+    }
+
+
+def perturb_matrices_(model, seed: int) -> None:
+    """Make the blocks' weight matrices differ (LoRA corrects those; biases and norms stay equal across blocks)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.tied_blocks.parameters():
+            if parameter.ndim == 2:
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.1)
+
+
+def converted(kind, lora_rank: int, tying_map=(0, 0, 2, 2)):
+    """A tied model whose 4 blocks' weight matrices all differ, converted to `tying_map` with mean init and relaxed
+    at `lora_rank`; returns it, its logits before the conversion and its blocks' weights then."""
+    model = kind.tied_model([0, 1, 2, 3])
+    perturb_matrices_(model, seed=5)
+    before, expected = weights_of_blocks(model), logits(model)
+    model.retie(list(tying_map), tie_init="mean")
+    relax_ties(model, lora_rank, "svd", before)
+    return model, expected, before
+
+
+@every_kind
+def test_full_rank_relaxation_restores_the_trained_model_and_the_folder_and_export_keep_its_logits(kind, tmp_path):
+    model, expected, _ = converted(kind, lora_rank=16)  # 16 = the hidden size: every residual kept whole
+    relaxed = logits(model)
+    torch.testing.assert_close(relaxed, expected, rtol=1e-4, atol=1e-5)
+    assert model.tying_map.to_list() == [0, 0, 2, 2]
+
+    model.save_pretrained(tmp_path / "relaxed")
+    assert all((tmp_path / "relaxed" / name).is_file() for name in ADAPTER_FILES)
+    reloaded = load_cleanly(kind.auto_class, tmp_path / "relaxed")
+    assert reloaded.tying_map.to_list() == [0, 0, 2, 2]
+    assert torch.equal(logits(reloaded), relaxed)
+
+    model.to_untied().save_pretrained(tmp_path / "export")
+    stock = load_cleanly(kind.plain_class, tmp_path / "export")
+    torch.testing.assert_close(logits(stock), relaxed, rtol=1e-5, atol=1e-6)
+    assert torch.equal(logits(model), relaxed)  # the export merged a copy; the model keeps its adapters
+
+
+def test_each_position_starts_from_the_best_rank_r_approximation_of_what_the_tie_took():
+    model, _, before = converted(GPT2, lora_rank=2)
+    for block in range(4):
+        layer = model.tied_blocks[block].mlp.c_fc
+        residual = before[block]["mlp.c_fc.weight"] - layer.base_layer.weight.detach()
+        left, singular, right = torch.linalg.svd(residual, full_matrices=False)
+        best = left[:, :2] @ torch.diag(singular[:2]) @ right[:2]
+        torch.testing.assert_close(layer.get_delta_weight("default"), best, rtol=1e-4, atol=1e-6)
+        assert layer.base_layer.weight is model.tied_blocks[block // 2 * 2].mlp.c_fc.base_layer.weight
+    assert all(parameter.requires_grad for parameter in model.parameters())  # the shared weights train too
+
+
+def test_a_position_that_kept_its_weights_starts_with_a_zero_update_that_can_learn():
+    model = GPT2.tied_model([0, 1, 2, 3])
+    perturb_(model, seed=5)
+    before = weights_of_blocks(model)
+    model.retie([0, 1, 1, 3])  # root init: blocks 0, 1 and 3 compute with the weights they had
+    relax_ties(model, 2, "svd", before)
+    for block in (0, 1, 3):
+        layer = model.tied_blocks[block].attn.c_attn
+        assert not layer.get_delta_weight("default").any()
+        assert layer.lora_A["default"].weight.any()  # PEFT's init: A random, B zero, so B gets gradients
+    assert model.tied_blocks[2].attn.c_attn.get_delta_weight("default").any()
+
+
+class RecordsStartingWeights(TrainerCallback):
+    """The shared weight and one adapter at the first step (similarity adds the adapters inside that step)."""
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == 1:
+            layer = model.tied_blocks[1].mlp.c_fc
+            self.weights = [layer.base_layer.weight.detach().clone(), layer.lora_B["default"].weight.detach().clone()]
+
+
+@pytest.mark.parametrize("strategy", ["static:0,0,2,2", "similarity:2"])
+def test_the_trainer_relaxes_the_converted_map_and_trains_adapters_and_shared_weights(tmp_path, strategy):
+    model = tiny_model()
+    perturb_(model, seed=3)
+    trainable_before = model.parameter_counts().trainable
+    block_size = sum(parameter.numel() for parameter in model.tied_blocks[0].parameters())
+    trainer = make_trainer(tmp_path, model=model, tying_strategy=strategy, tie_init="mean", lora_rank=2, max_steps=3)
+    check, start = OptimizerMatchesModel(), RecordsStartingWeights()
+    check.trainer = trainer
+    trainer.add_callback(check)
+    trainer.add_callback(start)
+    trainer.train()
+
+    assert check.checked_steps == 3  # adapters and shared weights are the optimizer's, exactly, at every step
+    layer = model.tied_blocks[1].mlp.c_fc
+    assert not torch.equal(layer.base_layer.weight, start.weights[0])
+    assert not torch.equal(layer.lora_B["default"].weight, start.weights[1])
+    # 2 of the 4 blocks' weights left, plus a rank-2 LoRA per linear layer and position, each counted once.
+    lora = sum(parameter.numel() for name, parameter in model.named_parameters() if "lora_" in name)
+    assert lora == 4 * sum(2 * (layer.in_features + layer.out_features) for layer in _linear_layers(model.tied_blocks[0]))
+    assert model.parameter_counts().trainable == trainable_before - 2 * block_size + lora
+
+
+def _linear_layers(block):
+    return [module for name, module in block.named_modules() if hasattr(module, "lora_A")]
+
+
+@pytest.mark.parametrize("strategy", ["static:0,0,2,2", "similarity:2"])
+def test_a_relaxed_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(tmp_path, strategy):
+    overrides = dict(tying_strategy=strategy, tie_init="mean", lora_rank=2, max_steps=6, save_strategy="steps", save_steps=3)
+
+    def trainer(folder):
+        model = tiny_model()
+        perturb_(model, seed=3)
+        return make_trainer(tmp_path / folder, model=model, **overrides)
+
+    uninterrupted = trainer("full")
+    uninterrupted.train()
+    resumed = trainer("resumed")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-3"))
+
+    final, expected = resumed.model.state_dict(), uninterrupted.model.state_dict()
+    assert final.keys() == expected.keys() and any("lora_" in name for name in final)
+    for name in expected:
+        torch.testing.assert_close(final[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_run_clm_relaxes_a_converted_checkpoint_and_exports_it_for_stock_transformers(tmp_path, text_files, trained_plain_checkpoint):
+    extra = ("--tying_strategy", "static:sequence:2", "--tie_init", "mean", "--lora_rank", "2")
+    flags = [flag for flag in tiny_flags(tmp_path / "run", text_files, "", *extra) if flag not in ("--config_overrides", "")]
+    run(CAUSAL_LM, [*flags, "--model_name_or_path", str(trained_plain_checkpoint)])
+
+    relaxed = AutoModelForCausalLM.from_pretrained(tmp_path / "run").eval()
+    assert relaxed.tying_map.to_list() == [0, 0, 2]
+    assert any("lora_" in name for name, _ in relaxed.named_parameters())
+    relaxed.to_untied().save_pretrained(tmp_path / "export")
+    stock = AutoModelForCausalLM.from_pretrained(tmp_path / "export").eval()
+    assert type(stock).__name__ == "GPT2LMHeadModel"
+    ids = torch.randint(0, stock.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(stock(input_ids=ids).logits, relaxed(input_ids=ids).logits, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(tying_strategy="static:all", lora_rank=0), r"lora_rank must be an integer >= 1 \(and below 2\*\*63\), got 0"),
+        (dict(tying_strategy="static:all", lora_rank=2, lora_init="pissa"), r"lora_init must be one of 'svd', 'zero', got 'pissa'"),
+        (dict(tying_strategy="static:all", lora_init="zero"), r"lora_init='zero' needs lora_rank"),
+        (dict(tying_strategy="dlt", lora_rank=2), r"tying_strategy='dlt' does not read lora_rank"),
+    ],
+)
+def test_relaxed_tie_settings_are_checked_naming_the_setting(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tying_args(tmp_path, **overrides)
+
+
+def test_relaxing_a_model_that_carries_adapters_already_is_refused():
+    model, _, before = converted(GPT2, lora_rank=2)
+    with pytest.raises(ValueError, match="carries PEFT adapters already"):
+        relax_ties(model, 2, "svd", before)
