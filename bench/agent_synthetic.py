@@ -28,6 +28,7 @@ class Scenario:
     cap: int | None = None
     variant: str = "default"
     problem: tuple[tuple[str, float], ...] = ()
+    reward_kind: str | None = None  # None: the variant's own reward
 
 
 SCENARIOS = (
@@ -38,13 +39,14 @@ SCENARIOS = (
     Scenario("12 blocks, 4 distinct, cap 4", 12, 4, 600, cap=4),
     Scenario("paper agent, 8 blocks, 3 distinct", 8, 3, 200, variant="paper"),
     Scenario("paper agent, loss below log 10 (reward has signal)", 8, 3, 600, variant="paper", problem=(("trend_start", 2.0), ("trend_end", 1.5))),
+    Scenario("paper agent, reward -loss", 8, 3, 200, variant="paper", reward_kind="negative_loss"),
 )
 
 
 def found_and_agreement(scenario: Scenario, seed: int, random_actions: bool) -> tuple[bool, float]:
     problem = SyntheticTyingProblem.random(scenario.num_blocks, scenario.num_distinct, seed=1000 + seed, **dict(scenario.problem))
     config = AgentConfig(dlt_variant=scenario.variant, max_distinct_blocks=scenario.cap, agent_seed=seed)
-    controller = TyingController(make_agent(scenario.num_blocks, config, random_actions), TyingReward.for_variant(scenario.variant))
+    controller = TyingController(make_agent(scenario.num_blocks, config, random_actions), TyingReward.for_variant(scenario.variant, reward_kind=scenario.reward_kind))
     final = run_synthetic(controller, problem, scenario.decisions)
     return final == problem.best_map, problem.agreement(final)
 

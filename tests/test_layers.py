@@ -10,10 +10,11 @@ LEAVES = {"models", "checks", "model_card", "data", "metrics"}
 ALLOWED = {
     **dict.fromkeys(LEAVES, set()),
     "block_similarity": {"models"},
+    "relaxed_ties": {"models", "checks"},
     "sharding": {"models"},
     "dlt": {"models", "checks"},
-    "decisions": {"dlt", "block_similarity", "models", "checks"},
-    "trainer": {"decisions", "dlt", "block_similarity", "models", "model_card", "checks"},
+    "decisions": {"dlt", "block_similarity", "relaxed_ties", "models", "checks"},
+    "trainer": {"decisions", "dlt", "block_similarity", "relaxed_ties", "models", "model_card", "checks"},
     "toolkit": {"trainer", "models", "data"},
     "language_modeling": {"toolkit", "trainer", "models", "data", "metrics"},
     "lambada": {"toolkit", "trainer", "models", "data", "metrics"},
