@@ -4,8 +4,8 @@ Relaxed Recursive Transformers (Bae et al., ICLR 2025) convert a trained model b
 position a low-rank correction of its own: every position of a group computes with the group's shared weights plus
 its LoRA, so positions that share weights need not compute the same function, at the cost of `r (in + out)`
 parameters per adapted layer and position. Their LoRAs start from the truncated SVD of what each position loses by
-the tie (its own trained weights minus the shared ones), which restores the trained model as far as rank `r`
-allows; the shared weights and the LoRAs are then trained together.
+the tie (its own trained weights minus the shared ones), which restores each position's trained weight matrices as far
+as rank `r` allows (biases and norms, which get no LoRA, stay shared); the shared weights and the LoRAs are then trained together.
 
 Here the adapters are PEFT's, added through transformers (`model.add_adapter`), so the model stays the tied
 model (`TyingTrainer` and `retie` see it as before) and saves as a tied checkpoint with its adapters embedded

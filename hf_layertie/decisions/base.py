@@ -58,7 +58,7 @@ class TrainingRun(Protocol):
 
         `tie_init` as in `TiedBlocksMixin.retie`; `untied_weights[b]`, when given, replaces the weights of every block
         `b` the map unties (with fresh optimizer state); `lora_rank` then relaxes the ties
-        (`hf_layertie.relaxed_ties.relax_ties` with `lora_init`), before the optimizer exists."""
+        (`hf_layertie.relaxed_ties.relax_ties` with `lora_init`), adding the adapters to the optimizer if it exists."""
 
     def block_weights(self) -> dict[int, dict[str, torch.Tensor]]:
         """A CPU copy of the weights every block computes with now, by block and name."""

@@ -32,7 +32,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 from ..block_similarity import block_angular_distances
 from ..decisions import TyingDecisions
 from ..model_card import write_model_card
-from ..models.tied_blocks import TiedBlocksMixin
+from ..models.tied_blocks import TiedBlocksMixin, _is_adapter_layer
 from ..models.tying_map import TyingMap
 from ..relaxed_ties import load_relaxed_weights, relax_ties
 from .checkpoint_format import (
@@ -245,11 +245,11 @@ class TyingTrainer(Trainer):
                 sync_optimizer_with_model(self.optimizer, self.model, report)
                 for parameter in restored:
                     getattr(self.optimizer, "optimizer", self.optimizer).state.pop(parameter, None)
-        if report.changed:
-            with self._timed("ddp_rebuild"):
-                rebuild_data_parallel(self.model_wrapped)
         if lora_rank is not None:
             self._relax(lora_rank, lora_init, weights_before)
+        if report.changed or lora_rank is not None:
+            with self._timed("ddp_rebuild"):
+                rebuild_data_parallel(self.model_wrapped)
         counts = self.model.parameter_counts()
         return {
             "map": tying_map.to_list(),
@@ -260,13 +260,12 @@ class TyingTrainer(Trainer):
         }
 
     def _relax(self, lora_rank: int, lora_init: str, weights_before: dict | None) -> None:
-        """Add the adapters of relaxed ties; mid-run (similarity decides at its first step), into the optimizer
-        (the group of the weights they adapt) and the DDP wrapper."""
+        """Add the adapters of relaxed ties; mid-run (similarity decides at its first step), also into the optimizer,
+        in the group of the weights they adapt (the caller rebuilds the DDP wrapper)."""
         adapters = relax_ties(self.model, lora_rank, lora_init, weights_before)
         if self.optimizer is not None:
-            adapted = next(module for module in self.model.tied_blocks.modules() if hasattr(module, "base_layer"))
+            adapted = next(module for module in self.model.tied_blocks.modules() if _is_adapter_layer(module))
             add_to_optimizer(self.optimizer, self.model, adapters, like=adapted.base_layer.weight)
-            rebuild_data_parallel(self.model_wrapped)
 
     # ----- logging and history -----
 
