@@ -19,7 +19,8 @@ given back their own trained weights (`untie_init="own"`) or a copy of their sou
 Each with `tie_init` root and mean where it applies; and the teacher cut down to U of its own blocks (its first U,
 or the U that `similarity:U` keeps). Relaxed ties (`lora_rank`, `hf_layertie.relaxed_ties`): the best fixed
 map with a LoRA per position, started from what the tie took from it (`lora_init="svd"`) or from zero, at ranks
-2 and 8 (their adapters add to the training state, which the table reports).
+2 and 8 (their adapters add to the training state, which the table reports). The Llama rows (seed 0 alone) take
+the same path from a plain `LlamaForCausalLM` teacher of the same sizes: the workflow users run on real checkpoints.
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ class Row:
     all_tokens: bool = False  # from scratch for the teacher's steps and the uptraining's
     lora_rank: int | None = None  # relaxed ties
     lora_init: str | None = None
+    model_type: str = "tied_gpt2"  # the family: every row of a family starts from that family's teacher
+    seeds: tuple[int, ...] | None = None  # only these of the preset's seeds (None: all)
 
     @property
     def directory(self) -> str:
@@ -108,18 +111,31 @@ def plan(settings: CompressSettings) -> list[Row]:
         Row(f"converted, dlt from sequence, mean, untie to {untie}", "teacher", "dlt", tie_init="mean", untie_init=untie)
         for untie in ("own", "source")
     ]
-    relaxed = [(f"static:sequence:{budget}", 2, "svd"), (f"static:sequence:{budget}", 8, "svd"), (f"static:sequence:{budget}", 8, "zero"), (f"similarity:{budget}", 8, "svd")]
-    rows += [
-        Row(f"converted, {strategy.split(':')[-2]}, mean, relaxed r = {rank} ({init} init)", "teacher", strategy, tie_init="mean", lora_rank=rank, lora_init=init)
-        for strategy, rank, init in relaxed
-    ]
+    sequence, similarity = f"static:sequence:{budget}", f"similarity:{budget}"
+    relaxed = [(sequence, 2, "svd"), (sequence, 8, "svd"), (sequence, 8, "zero"), (similarity, 8, "svd")]
+    rows += [_relaxed_row(strategy, rank, init) for strategy, rank, init in relaxed]
     rows += [
         Row(f"teacher truncated to its first {budget} blocks", "truncated"),
         Row(f"teacher pruned to the {budget} blocks similarity keeps", "pruned"),
         Row(f"untied {budget} blocks from scratch, uptraining steps", "scratch"),
         Row(f"untied {budget} blocks from scratch, teacher + uptraining steps", "scratch", all_tokens=True),
     ]
+    # The path users take with real checkpoints: a plain LlamaForCausalLM teacher converted, relaxed and exported.
+    # One seed: a check that the workflow runs and what it gives, not a comparison.
+    llama = dict(model_type="tied_llama", seeds=(0,))
+    rows += [
+        Row(f"Llama: teacher, {settings.n_layer} blocks, continued (ceiling)", "teacher", **llama),
+        Row("Llama: converted, sequence, mean", "teacher", sequence, tie_init="mean", **llama),
+        _relaxed_row(sequence, 8, "svd", "Llama: ", **llama),
+        Row(f"Llama: untied {budget} blocks from scratch, teacher + uptraining steps", "scratch", all_tokens=True, **llama),
+    ]
     return rows
+
+
+def _relaxed_row(strategy: str, rank: int, init: str, prefix: str = "", **family) -> Row:
+    pattern = strategy.split(":")[-2]
+    label = f"{prefix}converted, {pattern}, mean, relaxed r = {rank} ({init} init)"
+    return Row(label, "teacher", strategy, tie_init="mean", lora_rank=rank, lora_init=init, **family)
 
 
 @dataclass
@@ -184,7 +200,7 @@ def _claim(output: Path, settings: CompressSettings) -> None:
 
 def _run_all(settings: CompressSettings, output: Path) -> list[str]:
     rows, failures = plan(settings), []
-    todo = [(row, seed) for seed in settings.seeds for row in rows]
+    todo = [(row, seed) for seed in settings.seeds for row in rows if row.seeds is None or seed in row.seeds]
     with tqdm(total=len(todo), desc="Compression runs", unit="run") as progress:
         for row, seed in todo:
             run_dir = output / f"seed{seed}" / row.directory

@@ -4,6 +4,7 @@ its paired difference (by seed) to the best way of training small at the same me
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -26,11 +27,11 @@ def collect(rows: list[Row], seeds: tuple[int, ...], output: Path) -> dict[str, 
 
 
 def summarise(rows: list[Row], table: dict[str, dict[int, dict]]) -> dict:
-    small = [row.label for row in rows if row.start == "scratch" and table[row.label]]
-    best_small = min(small, key=lambda label: statistics.fmean(run["validation_loss"] for run in table[label].values()), default=None)
+    """Per row: its test loss and memory, and its paired difference to the best "train small" row of its family."""
+    best_small = {family: _best_small(rows, table, family) for family in dict.fromkeys(row.model_type for row in rows)}
     summary = {}
     for row in rows:
-        runs = table[row.label]
+        runs, baseline = table[row.label], best_small[row.model_type]
         if not runs:
             continue
         loss, half = interval([run["test_loss"] for run in runs.values()])
@@ -42,9 +43,16 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]]) -> dict:
             "peak_state_mib": statistics.fmean(run["peak_state_bytes"] for run in runs.values()) / MIB,
             "peak_process_mib": statistics.fmean(run["peak_process_bytes"] for run in runs.values()) / MIB,
             "train_seconds": statistics.fmean(run["train_seconds"] for run in runs.values()),
-            "versus_best_small": paired_difference(runs, table[best_small]) if best_small and best_small != row.label else None,
+            "versus_best_small": paired_difference(runs, table[baseline]) if baseline and baseline != row.label else None,
+            "export_logit_difference": max((run.get("export_logit_difference", math.nan) for run in runs.values()), default=math.nan),
         }
     return {"best_small": best_small, "rows": summary}
+
+
+def _best_small(rows: list[Row], table: dict[str, dict[int, dict]], family: str) -> str | None:
+    """The family's best way of training small at the same memory, chosen on validation loss (not on the test)."""
+    small = [row.label for row in rows if row.start == "scratch" and row.model_type == family and table[row.label]]
+    return min(small, key=lambda label: statistics.fmean(run["validation_loss"] for run in table[label].values()), default=None)
 
 
 def write_report(settings: CompressSettings, rows: list[Row], output: Path, report_dir: Path) -> Path:
@@ -59,7 +67,11 @@ def write_report(settings: CompressSettings, rows: list[Row], output: Path, repo
 
 
 def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) -> str:
-    teacher = sorted({(run["seed"], run["teacher_test_loss"]) for run in records if run.get("teacher_test_loss") is not None})
+    teacher = sorted({
+        (run.get("model_type", "tied_gpt2").removeprefix("tied_"), run["seed"], run["teacher_test_loss"])
+        for run in records
+        if run.get("teacher_test_loss") is not None
+    })  # fmt: skip
     lines = [
         "# Compressing a trained model by tying: the measured comparison",
         "",
@@ -67,22 +79,31 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
         f"{settings.n_layer} x {settings.n_embd} trained {settings.teacher_steps} steps (the teacher), then every row "
         f"{settings.uptrain_steps} uptraining steps of {settings.batch_size} x {settings.block_size} tokens at most "
         f"{settings.distinct_blocks} blocks owning weights. Test loss in nats per token on the study's four test "
-        "plays; 95% t-intervals over seeds; differences paired by seed against the best row that trains "
-        f"{settings.distinct_blocks} blocks from scratch (chosen on validation loss: **{summary['best_small']}**). "
-        "Memory in MiB: training state (parameters, gradients, AdamW state) and the process peak (VmHWM).",
+        "plays; 95% t-intervals over seeds; differences paired by seed against the best row of the same family that "
+        f"trains {settings.distinct_blocks} blocks from scratch (chosen on validation loss: "
+        + "; ".join(f"**{label}**" for label in summary["best_small"].values() if label)
+        + "). Memory in MiB: training state (parameters, gradients, AdamW state) and the process peak (VmHWM). "
+        "Llama rows: the same path from a plain `LlamaForCausalLM` teacher, seed 0 alone (the workflow, not a "
+        "comparison). Export: the largest logit difference between the trained model and its `to_untied()` export "
+        "loaded by stock transformers (blank: measured before the column existed).",
         "",
-        "Teacher test loss by seed before uptraining: " + ", ".join(f"seed {seed}: {loss:.3f}" for seed, loss in teacher),
+        "Teacher test loss by seed before uptraining: " + ", ".join(f"{family} seed {seed}: {loss:.3f}" for family, seed, loss in teacher),
         "",
-        "| row | seeds | test loss | vs best small | distinct blocks | state MiB | process MiB | train s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| row | seeds | test loss | vs best small | distinct blocks | state MiB | process MiB | train s | export |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, row in summary["rows"].items():
         difference = row["versus_best_small"]
         cell = f"{difference['mean']:+.3f} ± {difference['half_width']:.3f} ({difference['verdict']})" if difference else ""
         lines.append(
             f"| {label} | {len(row['seeds'])} | {row['test_loss']:.3f} ± {row['test_loss_half_width']:.3f} | {cell} | "
-            f"{row['distinct_blocks']} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} | {row['train_seconds']:.0f} |"
+            f"{row['distinct_blocks']} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} | {row['train_seconds']:.0f} | "
+            f"{_export_cell(row['export_logit_difference'])} |"
         )
     versions = sorted({(run.get("commit"), json.dumps(run.get("versions"))) for run in records})
     lines += ["", "Runs came from: " + "; ".join(f"commit {commit}, {v}" for commit, v in versions), ""]
     return "\n".join(lines)
+
+
+def _export_cell(difference: float) -> str:
+    return "" if math.isnan(difference) else f"{difference:.1e}"

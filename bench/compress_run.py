@@ -1,29 +1,42 @@
 """One row of `bench/compress.py` for one seed: build its starting model, train it with `TyingTrainer`, measure.
 
 The conversions take the path `run_clm.py --model_name_or_path <teacher> --tying_strategy ... --tie_init ...` takes:
-the teacher loaded untied into `TiedGPT2LMHeadModel`, the strategy's first map applied by the trainer.
+the teacher, a plain checkpoint, loaded untied into its family's tied class (`load_model`), the strategy's first map
+applied by the trainer. Every row also exports its trained model (`to_untied()`), loads the export with stock
+transformers and records the largest logit difference.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import datasets
 import torch
-from transformers import default_data_collator, set_seed
+from transformers import AutoModelForCausalLM, default_data_collator, set_seed
 
 from hf_layertie import TiedGPT2LMHeadModel
 from hf_layertie.block_similarity import block_angular_distances, similarity_tying_map
 from hf_layertie.decisions import DECISIONS
-from hf_layertie.toolkit.models import load_tokenizer
+from hf_layertie.toolkit.models import load_model, load_tokenizer
 from hf_layertie.trainer import TyingTrainer, TyingTrainingArguments
 
 from .compress import CompressSettings, Row
 from .measure import TOKENIZER, RunMeter, build_model, process_peak_bytes, study_blocks
 
-TEACHER_DIR = "teacher-model"
+# Each family's teacher, saved as a plain transformers checkpoint (`to_untied()`): conversions load it as users load
+# theirs (`load_model`, as `run_clm.py --model_name_or_path` does).
+TEACHER_DIRS = {"tied_gpt2": "teacher-model", "tied_llama": "teacher-llama"}
+# The study's GPT-2 sizes in each family's config fields; Llama's MLP as wide as GPT-2's (4 x the hidden size).
+SIZE_FIELDS = {
+    "tied_gpt2": "n_layer={layers},n_embd={hidden},n_head={heads},n_positions={context}",
+    "tied_llama": (
+        "num_hidden_layers={layers},hidden_size={hidden},num_attention_heads={heads},num_key_value_heads={heads},"
+        "intermediate_size={mlp},max_position_embeddings={context}"
+    ),
+}
 # Uptraining batches come in another order than the teacher's (its data seed plus this), the same for every row.
 UPTRAIN_DATA_SEED_OFFSET = 1000
 
@@ -34,22 +47,22 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
     datasets.disable_progress_bars()
     tokenizer = load_tokenizer(TOKENIZER)
     blocks = study_blocks(tokenizer, settings.block_size, settings.max_test_blocks)
-    teacher = seed_dir / TEACHER_DIR
+    teacher = seed_dir / TEACHER_DIRS[row.model_type]
     # A teacher is there when its weights and its result are (a fresh clone has the result alone: train it again).
     if row.start != "scratch" and not all((teacher / name).is_file() for name in ("teacher_result.json", "model.safetensors")):
-        _train_teacher(settings, seed, blocks, tokenizer, teacher)
+        _train_teacher(settings, row.model_type, seed, blocks, tokenizer, teacher)
 
     set_seed(seed)
     teacher_blocks = None  # which of the teacher's blocks the model starts from, when it keeps only some
     if row.start == "teacher":
-        model = TiedGPT2LMHeadModel.from_pretrained(teacher)
+        model = load_model(row.model_type, tokenizer, str(teacher))
     elif row.start == "truncated":
         model = TiedGPT2LMHeadModel.from_pretrained(teacher, n_layer=settings.distinct_blocks)
         teacher_blocks = list(range(settings.distinct_blocks))
     elif row.start == "pruned":
         model, teacher_blocks = _pruned_teacher(teacher, settings.distinct_blocks, blocks["train"])
     else:
-        model = build_model(tokenizer, settings.distinct_blocks, settings.n_embd, settings.n_head, settings.block_size)
+        model = _new_model(settings, row.model_type, settings.distinct_blocks, tokenizer)
     scratch = row.start == "scratch"
     steps = settings.uptrain_steps + (settings.teacher_steps if row.all_tokens else 0)
     args = _arguments(
@@ -72,6 +85,7 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
     return {
         "label": row.label,
         "seed": seed,
+        "model_type": row.model_type,
         "map_choice": row.strategy.removeprefix("static:").split(":")[0] if row.strategy != "none" else row.start,
         "tie_init": row.tie_init,
         "untie_init": row.untie_init,
@@ -92,7 +106,30 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
         "peak_process_bytes": peak_bytes,
         "peak_process_kind": peak_kind,
         "train_seconds": train_seconds,
+        "export_logit_difference": _export_logit_difference(model, blocks["test"], run_dir / "export"),
     }
+
+
+def _new_model(settings: CompressSettings, model_type: str, num_blocks: int, tokenizer):
+    """A model of the family from scratch, every block independent, no dropout (the study's `build_model` for
+    GPT-2)."""
+    if model_type == "tied_gpt2":
+        return build_model(tokenizer, num_blocks, settings.n_embd, settings.n_head, settings.block_size)
+    sizes = dict(layers=num_blocks, hidden=settings.n_embd, heads=settings.n_head, mlp=4 * settings.n_embd, context=settings.block_size)
+    return load_model(model_type, tokenizer, config_overrides=SIZE_FIELDS[model_type].format(**sizes))
+
+
+@torch.no_grad()
+def _export_logit_difference(model, test, folder: Path) -> float:
+    """The largest logit difference between the trained model and its plain export (`to_untied()`, adapters merged)
+    saved and loaded by stock transformers, on a test batch: the export users ship computes what was trained."""
+    model.to_untied().save_pretrained(folder)
+    try:
+        exported = AutoModelForCausalLM.from_pretrained(folder).eval()
+        batch = torch.tensor(test[:8]["input_ids"])
+        return (model.eval()(input_ids=batch).logits - exported(input_ids=batch).logits).abs().max().item()
+    finally:
+        shutil.rmtree(folder)
 
 
 def _pruned_teacher(teacher: Path, keep: int, train) -> tuple[TiedGPT2LMHeadModel, list[int]]:
@@ -147,18 +184,19 @@ def _arguments(settings: CompressSettings, output_dir: Path, seed: int, *, steps
     )
 
 
-def _train_teacher(settings: CompressSettings, seed: int, blocks, tokenizer, teacher: Path) -> None:
-    """The 12-block model every conversion starts from, trained conventionally as in the study; saved with its
-    test loss (written last: a teacher folder with `teacher_result.json` is complete)."""
+def _train_teacher(settings: CompressSettings, model_type: str, seed: int, blocks, tokenizer, teacher: Path) -> None:
+    """The 12-block model every conversion of its family starts from, trained conventionally as in the study; saved
+    as a plain checkpoint with its test loss (written last: a teacher folder with `teacher_result.json` is
+    complete)."""
     set_seed(seed)
-    model = build_model(tokenizer, settings.n_layer, settings.n_embd, settings.n_head, settings.block_size)
+    model = _new_model(settings, model_type, settings.n_layer, tokenizer)
     args = _arguments(
         settings, teacher, seed, steps=settings.teacher_steps, learning_rate=settings.teacher_learning_rate,
         warmup_steps=settings.warmup_steps, data_seed=seed, tying={"tying_strategy": "none"},
     )  # fmt: skip
     trainer = TyingTrainer(model=model, args=args, train_dataset=blocks["train"], data_collator=default_data_collator)
     trainer.train()
-    trainer.save_model()
+    model.to_untied().save_pretrained(teacher)
     test_loss = trainer.evaluate(eval_dataset=blocks["test"], metric_key_prefix="test")["test_loss"]
     temporary = teacher / "teacher_result.json.tmp"
     temporary.write_text(json.dumps({"test_loss": test_loss, "steps": settings.teacher_steps}))

@@ -22,6 +22,7 @@ import warnings
 
 import torch
 from torch import nn
+from transformers.utils import ADAPTER_SAFE_WEIGHTS_NAME
 
 from .checks import check_choice, check_integer
 from .models.tied_blocks import TiedBlocksMixin, _is_adapter_layer
@@ -64,7 +65,7 @@ def relax_ties(
     check_lora_settings(lora_rank, lora_init)
     if lora_init == "svd" and weights_before is None:
         raise ValueError("lora_init='svd' needs weights_before: the weights each block used before its map was applied")
-    if getattr(model, "_hf_peft_config_loaded", False) or model._adapted_blocks():
+    if model._carries_integrated_adapters() or model._adapted_blocks():
         raise ValueError("the model carries PEFT adapters already: relaxed ties add their own to a model without any")
     trainable = {parameter: parameter.requires_grad for parameter in model.parameters()}
     targets = _block_linear_modules(model)
@@ -118,9 +119,20 @@ def _initialise_from_residuals(model: TiedBlocksMixin, weights_before: dict, ran
             lora_b[:, :kept] = (left[:, :kept] * root).to(lora_b.dtype)
 
 
+def holds_adapters(folder: str) -> bool:
+    """Whether `folder` was saved from a model carrying adapters (`TiedBlocksMixin.save_pretrained` wrote them
+    beside the tied base). A relaxed run's checkpoints saved before its map was applied (similarity's warm-up) hold
+    none."""
+    return os.path.isfile(os.path.join(folder, ADAPTER_SAFE_WEIGHTS_NAME))
+
+
 def load_relaxed_weights(model: TiedBlocksMixin, folder: str) -> None:
-    """Load a folder that `save_pretrained` wrote from a model with adapters (the tied base and its adapters) into
-    `model`, which carries the same adapters: how a relaxed run resumes from its checkpoint."""
+    """Load a folder that `save_pretrained` wrote into `model`, which carries relaxed ties' adapters: the tied base
+    and its adapters, as a relaxed run resumes from its checkpoint or loads its best one.
+
+    A folder saved before the ties were relaxed (`holds_adapters` is false) holds the base alone: the adapters then
+    start as a zero update, so that the model computes what the saved one did.
+    """
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -134,11 +146,25 @@ def load_relaxed_weights(model: TiedBlocksMixin, folder: str) -> None:
     missing = [key for key in result.missing_keys if key in base_names and base_names[key] not in tied]
     if missing or result.unexpected_keys:
         raise ValueError(f"{folder} does not hold this model's base weights (missing {missing[:5]}, unexpected {result.unexpected_keys[:5]})")
-    adapters = load_file(os.path.join(folder, "adapter_model.safetensors"))
+    if not holds_adapters(folder):
+        _zero_updates(model)
+        return
+    adapters = load_file(os.path.join(folder, ADAPTER_SAFE_WEIGHTS_NAME))
     adapters = {key.removeprefix(_PEFT_PREFIX): value for key, value in adapters.items()}
     result = set_peft_model_state_dict(model, adapters, adapter_name=ADAPTER_NAME)
-    if result.unexpected_keys:
-        raise ValueError(f"{folder} holds adapters this model does not have: {result.unexpected_keys[:5]}")
+    missing = [key for key in result.missing_keys if "lora_" in key]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"{folder} does not hold this model's adapters (missing {missing[:5]}, unexpected {result.unexpected_keys[:5]})"
+        )
+
+
+@torch.no_grad()
+def _zero_updates(model: TiedBlocksMixin) -> None:
+    """Every LoRA's update `B @ A` zero, as PEFT initialises it: `B` zero, `A` kept so that `B` can learn."""
+    for layer in model.tied_blocks.modules():
+        if _is_adapter_layer(layer):
+            layer.lora_B[ADAPTER_NAME].weight.zero_()
 
 
 def _weight_files(folder: str) -> list[str]:

@@ -2,6 +2,8 @@
 from what the tie took from each position, trained with the shared weights, saved with the tied base, resumed, and
 exported with each position's adapters merged into its own weights."""
 
+import json
+
 import pytest
 import torch
 from conftest import GPT2, every_kind
@@ -124,9 +126,14 @@ def _linear_layers(block):
     return [module for name, module in block.named_modules() if hasattr(module, "lora_A")]
 
 
-@pytest.mark.parametrize("strategy", ["static:0,0,2,2", "similarity:2"])
-def test_a_relaxed_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(tmp_path, strategy):
+@pytest.mark.parametrize(
+    "strategy, warmup",
+    [("static:0,0,2,2", None), ("similarity:2", 0), ("similarity:2", 4)],  # warm-up 4: checkpoint-3 precedes the tie
+)
+def test_a_relaxed_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(tmp_path, strategy, warmup):
     overrides = dict(tying_strategy=strategy, tie_init="mean", lora_rank=2, max_steps=6, save_strategy="steps", save_steps=3)
+    if warmup is not None:
+        overrides["similarity_warmup_steps"] = warmup
 
     def trainer(folder):
         model = tiny_model()
@@ -142,6 +149,56 @@ def test_a_relaxed_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(
     assert final.keys() == expected.keys() and any("lora_" in name for name in final)
     for name in expected:
         torch.testing.assert_close(final[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+class ChoosesBestCheckpoint(TrainerCallback):
+    """Stands in for the validation metric: names checkpoint-`step` the best one, whatever the losses were."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        state.best_model_checkpoint = f"{args.output_dir}/checkpoint-{self.step}"
+
+
+@pytest.mark.parametrize("best_step", [2, 6])  # the tie comes at step 3: before it, the checkpoint has no adapters
+def test_a_relaxed_run_ends_with_its_best_checkpoint_saved_before_or_after_the_tie(tmp_path, best_step):
+    model = tiny_model()
+    perturb_(model, seed=3)
+    trainer = make_trainer(
+        tmp_path, model=model, callbacks=[ChoosesBestCheckpoint(best_step)], tying_strategy="similarity:2",
+        similarity_warmup_steps=3, lora_rank=2, max_steps=6, save_strategy="steps", save_steps=2,
+        eval_strategy="steps", eval_steps=2, load_best_model_at_end=True,
+    )
+    trainer.train()
+    trainer.model.eval()
+
+    best = load_cleanly(AutoModelForCausalLM, tmp_path / f"checkpoint-{best_step}")
+    assert (tmp_path / f"checkpoint-{best_step}" / "adapter_config.json").is_file() == (best_step == 6)
+    assert trainer.model.tying_map.to_list() == best.tying_map.to_list()
+    torch.testing.assert_close(logits(trainer.model), logits(best), rtol=1e-5, atol=1e-6)
+
+
+def test_a_relaxed_folder_names_no_other_base_and_a_plain_save_over_it_removes_its_adapters(tmp_path):
+    model, _, _ = converted(GPT2, lora_rank=2)
+    model.save_pretrained(tmp_path)
+    # From a Hub repo id, transformers would load the model named here instead of the folder's own base.
+    assert json.loads((tmp_path / "adapter_config.json").read_text())["base_model_name_or_path"] is None
+
+    plain = GPT2.tied_model([0, 0, 2, 2])
+    plain.save_pretrained(tmp_path)
+    assert not any((tmp_path / name).exists() for name in ("adapter_config.json", "adapter_model.safetensors"))
+    reloaded = load_cleanly(GPT2.auto_class, tmp_path)
+    assert not any("lora_" in name for name, _ in reloaded.named_parameters())
+    assert torch.equal(logits(reloaded), logits(plain))
+
+
+def test_the_export_leaves_out_disabled_adapters_as_the_model_does():
+    model, _, _ = converted(GPT2, lora_rank=2)
+    model.disable_adapters()
+    torch.testing.assert_close(logits(model.to_untied()), logits(model), rtol=1e-5, atol=1e-6)
+    model.enable_adapters()
+    torch.testing.assert_close(logits(model.to_untied()), logits(model), rtol=1e-5, atol=1e-6)
 
 
 def test_run_clm_relaxes_a_converted_checkpoint_and_exports_it_for_stock_transformers(tmp_path, text_files, trained_plain_checkpoint):

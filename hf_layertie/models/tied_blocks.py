@@ -18,7 +18,9 @@ Like `tying_map.py`, this file only uses relative imports: it is copied next to 
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
 import re
 import warnings
 from collections.abc import Sequence
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.utils import ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME
 
 from .configuration_tying import TYING_FIELDS, check_tie_init
 from .tying_map import TyingMap
@@ -81,6 +84,27 @@ def _is_adapter_layer(module: nn.Module) -> bool:
     Recognised by PEFT's `BaseTunerLayer` attributes rather than by class, so that this file needs no `peft`.
     """
     return hasattr(module, "adapter_layer_names") and hasattr(module, "base_layer")
+
+
+@contextlib.contextmanager
+def _base_named_nowhere(peft_configs: dict):
+    """Each adapter's `base_model_name_or_path` empty while it is saved beside its tied base: transformers loads
+    that base instead of the folder's when the folder is not local (`TiedBlocksMixin.save_pretrained`)."""
+    names = {adapter: config.base_model_name_or_path for adapter, config in peft_configs.items()}
+    try:
+        for config in peft_configs.values():
+            config.base_model_name_or_path = None
+        yield
+    finally:
+        for adapter, name in names.items():
+            peft_configs[adapter].base_model_name_or_path = name
+
+
+def _remove_adapter_files(folder: str | os.PathLike) -> None:
+    for name in (ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            os.remove(path)
 
 
 def _weight_modules(module: nn.Module, prefix: str = ""):
@@ -398,30 +422,47 @@ class TiedBlocksMixin:
         if output_embeddings is self.get_output_embeddings():
             super()._adjust_bias(output_embeddings, input_embeddings)
 
-    def save_pretrained(self, save_directory, *args, **kwargs):
+    def save_pretrained(self, save_directory: str | os.PathLike, state_dict: dict | None = None, **kwargs):
         """`PreTrainedModel.save_pretrained`; a model carrying adapters added through transformers (`add_adapter`,
         `load_adapter`, relaxed ties) also writes its tied base, next to the adapters.
 
         transformers saves such a model as its adapters alone, expecting the base to be a published checkpoint;
         a tied base rarely is (its map and shared weights are what was trained), and relaxed ties train it.
         The folder then holds both, in transformers' layout of a local model with an embedded adapter:
-        `from_pretrained(save_directory)` loads the base from it, then the adapters.
+        `from_pretrained(save_directory)` loads the base from it, then the adapters. Only from a local folder:
+        given a Hub repo id, transformers would load the base named in `adapter_config.json` instead, so that
+        field is left empty (an error rather than another model); download the repo first
+        (`from_pretrained(huggingface_hub.snapshot_download(repo_id))`), or share `to_untied()`'s merged export.
+        A model without adapters saved into a folder that held some removes their files, which would otherwise
+        be loaded with it.
         """
-        if not getattr(self, "_hf_peft_config_loaded", False):
-            return super().save_pretrained(save_directory, *args, **kwargs)
+        if not self._carries_integrated_adapters():
+            if kwargs.get("is_main_process", True):
+                _remove_adapter_files(save_directory)
+            return super().save_pretrained(save_directory, state_dict=state_dict, **kwargs)
         if kwargs.get("push_to_hub"):
             raise ValueError(
                 "push_to_hub=True would upload only what one save writes; save the model with adapters, then upload "
                 "the folder (huggingface_hub.upload_folder)"
             )
-        state_dict = kwargs.pop("state_dict", None)
-        # transformers' own switch between a full save and an adapter-only one.
+        with self._saving_without_adapters():
+            super().save_pretrained(save_directory, state_dict=self.base_state_dict(state_dict), **kwargs)
+        with _base_named_nowhere(self.peft_config):
+            return super().save_pretrained(save_directory, state_dict=state_dict, **kwargs)
+
+    def _carries_integrated_adapters(self) -> bool:
+        """Whether adapters were added through transformers (`add_adapter`, `load_adapter`, relaxed ties):
+        transformers' own flag, which also switches `save_pretrained` to an adapter-only save."""
+        return getattr(self, "_hf_peft_config_loaded", False)
+
+    @contextlib.contextmanager
+    def _saving_without_adapters(self):
+        """transformers' switch between an adapter-only save and a full one, set to the full one."""
         self._hf_peft_config_loaded = False
         try:
-            super().save_pretrained(save_directory, *args, state_dict=self.base_state_dict(state_dict), **kwargs)
+            yield
         finally:
             self._hf_peft_config_loaded = True
-        return super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
 
     def base_state_dict(self, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """`state_dict` (the model's by default) without PEFT adapters, each adapted layer's base weights under the
@@ -456,7 +497,8 @@ class TiedBlocksMixin:
         llama.cpp's converter), load without hf-layertie or remote code, with the same logits. PEFT adapters
         (relaxed ties) are merged into each position's own copy of its weights; this model keeps them.
         """
-        state_dict = self._merged_state_dict() if self._adapted_blocks() else self.state_dict()
+        adapted = any(_is_adapter_layer(module) for module in self.modules())
+        state_dict = self._merged_state_dict() if adapted else self.state_dict()
         plain_class = self.untied_class()
         config_dict = {
             key: value for key, value in self.config.to_dict().items() if key not in TYING_FIELDS + _TIED_CLASS_KEYS
@@ -476,17 +518,20 @@ class TiedBlocksMixin:
         return plain.train(self.training)
 
     def _merged_state_dict(self) -> dict[str, torch.Tensor]:
-        """The plain state dict of this model with every position's adapters merged into its own weights: PEFT's
-        merge, on a copy whose adapted blocks were untied first (`untie_adapted_blocks`)."""
-        merged = [block for block, layers in self._adapted_blocks().items() if any(layer.merged for layer in layers)]
+        """The plain state dict of this model with the adapters it computes with merged: each position's into its
+        own weights (PEFT's merge, on a copy whose adapted blocks were untied first: `untie_adapted_blocks`), those
+        outside the blocks into their layers. Disabled adapters (`disable_adapters()`) are left out, as the model
+        leaves them out. The copy costs the model's memory while it merges."""
+        merged = [name for name, module in self.named_modules() if _is_adapter_layer(module) and module.merged]
         if merged:
-            raise ValueError(f"the adapters of blocks {merged} are merged already: call unmerge_adapter() first")
+            shown = ", ".join(merged[:3]) + (", ..." if len(merged) > 3 else "")
+            raise ValueError(f"the adapters of {len(merged)} layers ({shown}) are merged already: call unmerge_adapter() first")
         copied = copy.deepcopy(self)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             copied.untie_adapted_blocks()
-        for layers in copied._adapted_blocks().values():
-            for layer in layers:
+        for layer in copied.modules():
+            if _is_adapter_layer(layer) and not layer.disable_adapters:
                 layer.merge()
         return copied.base_state_dict()
 

@@ -34,7 +34,7 @@ from ..decisions import TyingDecisions
 from ..model_card import write_model_card
 from ..models.tied_blocks import TiedBlocksMixin, _is_adapter_layer
 from ..models.tying_map import TyingMap
-from ..relaxed_ties import load_relaxed_weights, relax_ties
+from ..relaxed_ties import holds_adapters, load_relaxed_weights, relax_ties
 from .checkpoint_format import (
     TYING_STATE_NAME,
     checkpoint_step,
@@ -337,8 +337,10 @@ class TyingTrainer(Trainer):
             # The history on disk restarts from the checkpoint, as the run does.
             self.history.restart(self.decisions.completed_rows)
             self.history.flush(self.args.should_save)
-        if self.args.lora_rank is not None:  # relaxed ties: the tied base and its adapters
-            if not getattr(self.model, "_hf_peft_config_loaded", False):  # added mid-run (similarity), not yet here
+        # Relaxed ties: a checkpoint saved after the map was applied holds the tied base and its adapters; one saved
+        # before (similarity's warm-up) is a plain one, and the adapters come when the run applies the map.
+        if self.args.lora_rank is not None and holds_adapters(resume_from_checkpoint):
+            if not self.model._carries_integrated_adapters():
                 relax_ties(self.model, self.args.lora_rank, "zero")
             load_relaxed_weights(self.model, resume_from_checkpoint)
             return
@@ -348,8 +350,8 @@ class TyingTrainer(Trainer):
         best = self.state.best_model_checkpoint
         if self.args.tying_mode != "none" and best:
             self.model.retie(checkpoint_tying_map(best, len(self.model.tied_blocks)))
-        if best and self.args.lora_rank is not None:
-            load_relaxed_weights(self.model, best)
+        if best and self.args.lora_rank is not None and self.model._carries_integrated_adapters():
+            load_relaxed_weights(self.model, best)  # a best checkpoint from before the map: its adapters at zero
             return
         super()._load_best_model()
 
