@@ -61,7 +61,8 @@ class TrainingRun(Protocol):
         (`hf_layertie.relaxed_ties.relax_ties` with `lora_init`), adding the adapters to the optimizer if it exists."""
 
     def block_weights(self) -> dict[int, dict[str, torch.Tensor]]:
-        """A CPU copy of the weights every block computes with now, by block and name."""
+        """A CPU copy of the weights every block computes with now, by block and name (blocks that share weights
+        share one copy)."""
 
     def log(self, completed: dict | None, current: dict | None) -> None:
         """Log a decision whose outcome is known (`completed`) and the decision now in force (`current`)."""

@@ -509,11 +509,15 @@ class _LoopView:
 
     @torch.no_grad()
     def block_weights(self) -> dict[int, dict[str, torch.Tensor]]:
+        copies: dict[torch.nn.Parameter, torch.Tensor] = {}  # one copy per Parameter: tied blocks share theirs
+
+        def copied(parameter: torch.nn.Parameter) -> torch.Tensor:
+            if parameter not in copies:
+                copies[parameter] = parameter.detach().to("cpu", copy=True)
+            return copies[parameter]
+
         blocks = self._trainer.model.tied_blocks
-        return {
-            index: {name: parameter.detach().to("cpu", copy=True) for name, parameter in block.named_parameters()}
-            for index, block in enumerate(blocks)
-        }
+        return {index: {name: copied(parameter) for name, parameter in block.named_parameters()} for index, block in enumerate(blocks)}
 
     def block_distances(self) -> list[float]:
         trainer = self._trainer
