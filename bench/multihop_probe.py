@@ -3,6 +3,7 @@
 
     python bench/multihop_probe.py --task "num_chains=6,num_queries=2,max_hops=4" --n_layer 2
     python bench/multihop_probe.py --task "num_chains=6,num_queries=2,max_hops=4" --n_layer 8
+    python bench/multihop_probe.py --task_name hop_induction --task "length=64,max_hops=4" --n_layer 4
 
 A probe for choosing the task's difficulty (bench/README.md, "The multi-hop task"), not the comparison itself:
 one process, one thread, plain AdamW (warm-up 100 steps, linear decay, gradient clipping 1.0), batches drawn with
@@ -17,13 +18,13 @@ import time
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hf_layertie.data.multihop import MultiHopConfig, multihop_datasets, multihop_tokenizer
-from hf_layertie.language_modeling.multihop import evaluate_multihop
+from hf_layertie.language_modeling.multihop import HOP_TASKS, evaluate_multihop
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", default="num_chains=6,num_queries=2,max_hops=4", help="MultiHopConfig settings.")
+    parser.add_argument("--task_name", default="multihop", choices=sorted(HOP_TASKS))
+    parser.add_argument("--task", default="num_chains=6,num_queries=2,max_hops=4", help="The task config's settings.")
     parser.add_argument("--n_layer", type=int, default=2)
     parser.add_argument("--n_embd", type=int, default=64)
     parser.add_argument("--steps", type=int, default=3000)
@@ -33,13 +34,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    config = MultiHopConfig.from_string(f"train_examples=50000,eval_examples=500,{args.task}")
-    splits = multihop_datasets(config, seed=0)
+    config_class, make_datasets, make_tokenizer = HOP_TASKS[args.task_name]
+    config = config_class.from_string(f"train_examples=50000,eval_examples=500,{args.task}")
+    splits = make_datasets(config, seed=0)
     train = splits["train"].with_format("torch", columns=["input_ids", "attention_mask", "labels"])
     torch.manual_seed(args.seed)
     model = GPT2LMHeadModel(
         GPT2Config(
-            n_layer=args.n_layer, n_embd=args.n_embd, n_head=4, vocab_size=len(multihop_tokenizer(config)),
+            n_layer=args.n_layer, n_embd=args.n_embd, n_head=4, vocab_size=len(make_tokenizer(config)),
             n_positions=config.sequence_length, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
             bos_token_id=0, eos_token_id=0,
         )

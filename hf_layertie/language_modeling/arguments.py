@@ -13,10 +13,10 @@ class DataTrainingArguments:
 
     dataset_name: str | None = field(
         default=None,
-        metadata={"help": "A `datasets` name, e.g. 'wikitext'; or 'multihop', the multi-hop reference task (run_clm.py)."},
+        metadata={"help": "A `datasets` name, e.g. 'wikitext'; or 'multihop' / 'hop_induction', the generated multi-hop tasks (run_clm.py)."},
     )
     dataset_config_name: str | None = field(
-        default=None, metadata={"help": "e.g. 'wikitext-2-raw-v1'; for multihop its sizes, e.g. 'num_chains=6,max_hops=4'."}
+        default=None, metadata={"help": "e.g. 'wikitext-2-raw-v1'; for multihop / hop_induction their sizes, e.g. 'num_chains=6,max_hops=4' / 'length=64,max_hops=4'."}
     )
     train_file: str | None = field(default=None, metadata={"help": "Training data: a .txt, .json/.jsonl or .csv file."})
     validation_file: str | None = field(default=None, metadata={"help": "Evaluation data, same formats."})

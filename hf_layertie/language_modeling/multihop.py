@@ -1,5 +1,7 @@
-"""`run_clm.py --dataset_name multihop`: the multi-hop reference task (`hf_layertie.data.multihop`) as a workflow:
-its datasets and tokenizer instead of text, and accuracy per hop count after the evaluation loss."""
+"""`run_clm.py --dataset_name multihop | hop_induction`: the generated tasks where depth should matter, as a workflow:
+their datasets and tokenizer instead of text, and accuracy per hop count after the evaluation loss. `multihop`
+chains references (`hf_layertie.data.multihop`); `hop_induction` is k-hop induction, with a label at every
+position (`hf_layertie.data.hop_induction`)."""
 
 from __future__ import annotations
 
@@ -7,26 +9,34 @@ import datasets
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..data.hop_induction import HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer
 from ..data.multihop import IGNORE_INDEX, MultiHopConfig, multihop_datasets, multihop_tokenizer
 from ..metrics import load_metric
 
 MULTIHOP = "multihop"
+# Every generated task by `--dataset_name`: its config class (`from_string` reads `--dataset_config_name`), its
+# splits and its tokenizer. Each writes `multihop`'s columns, so one evaluation serves them all.
+HOP_TASKS = {
+    MULTIHOP: (MultiHopConfig, multihop_datasets, multihop_tokenizer),
+    "hop_induction": (HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer),
+}
 
 
-def load_multihop(config_text: str | None, seed: int) -> tuple[datasets.DatasetDict, PreTrainedTokenizerBase]:
+def load_hop_task(name: str, config_text: str | None, seed: int) -> tuple[datasets.DatasetDict, PreTrainedTokenizerBase]:
     """The task's splits and tokenizer from `--dataset_config_name` (`"num_chains=4,max_hops=6"`)."""
+    config_class, make_datasets, make_tokenizer = HOP_TASKS[name]
     try:
-        config = MultiHopConfig.from_string(config_text)
+        config = config_class.from_string(config_text)
     except ValueError as error:
         raise ValueError(f"--dataset_config_name {config_text!r}: {error}") from None
-    return multihop_datasets(config, seed=seed), multihop_tokenizer(config)
+    return make_datasets(config, seed=seed), make_tokenizer(config)
 
 
-def check_multihop_fits(splits: datasets.DatasetDict, context: int, config_text: str | None) -> None:
+def check_hop_task_fits(name: str, splits: datasets.DatasetDict, context: int, config_text: str | None) -> None:
     length = len(splits["train"][0]["input_ids"])
     if length > context:
         raise ValueError(
-            f"--dataset_name multihop with {config_text or 'the default settings'} needs {length} positions; the model "
+            f"--dataset_name {name} with {config_text or 'the default settings'} needs {length} positions; the model "
             f"has {context} (from scratch, raise n_positions in --config_overrides)"
         )
 

@@ -48,7 +48,7 @@ from ..toolkit import (
     unigram_loss,
 )
 from .arguments import DataTrainingArguments
-from .multihop import MULTIHOP, check_multihop_fits, evaluate_multihop, load_multihop, multihop_metrics, print_multihop_report
+from .multihop import HOP_TASKS, check_hop_task_fits, evaluate_multihop, load_hop_task, multihop_metrics, print_multihop_report
 
 logger = logging.getLogger(__name__)
 
@@ -129,12 +129,13 @@ def _train_and_evaluate(
         logger.warning(f"Training in {output_dir} finished at step {finished} without {', '.join(missing)}: producing them")
     set_seed(training_args.seed)
 
-    if data_args.dataset_name == MULTIHOP:
+    hop_task = data_args.dataset_name if data_args.dataset_name in HOP_TASKS else None
+    if hop_task:
         if task.masked:
-            raise ValueError("--dataset_name multihop is a causal language modeling task: train it with run_clm.py")
-        grouped, tokenizer = load_multihop(data_args.dataset_config_name, seed=training_args.data_seed or training_args.seed)
+            raise ValueError(f"--dataset_name {hop_task} is a causal language modeling task: train it with run_clm.py")
+        grouped, tokenizer = load_hop_task(hop_task, data_args.dataset_config_name, seed=training_args.data_seed or training_args.seed)
         model = _load_model(task, model_args, tokenizer)
-        check_multihop_fits(grouped, model.config.max_position_embeddings, data_args.dataset_config_name)
+        check_hop_task_fits(hop_task, grouped, model.config.max_position_embeddings, data_args.dataset_config_name)
     else:
         grouped, tokenizer, model = _text_data_and_model(task, model_args, data_args)
     train_dataset, reward_dataset = grouped["train"], None
@@ -167,7 +168,7 @@ def _train_and_evaluate(
         eval_metrics = trainer.evaluate()
         eval_metrics["eval_samples"] = len(eval_dataset)
         eval_metrics["perplexity"] = _perplexity(eval_metrics["eval_loss"])
-        if data_args.dataset_name == MULTIHOP:
+        if hop_task:
             scores = evaluate_multihop(trainer.model, eval_dataset, training_args.per_device_eval_batch_size)
             eval_metrics.update(multihop_metrics(scores))
         else:
@@ -179,7 +180,7 @@ def _train_and_evaluate(
     if training_args.push_to_hub:
         trainer.push_to_hub()
     if trainer.is_world_process_zero():
-        if data_args.dataset_name == MULTIHOP:
+        if hop_task:
             print_multihop_report(metrics)
         else:
             _print_report(task, metrics, trainer.model, tokenizer, grouped["validation"], data_args.sample_max_new_tokens)

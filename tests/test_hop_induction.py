@@ -1,0 +1,76 @@
+"""k-hop induction: every label is the letter k hops away as the task defines it, aligned for the causal loss, and
+run_clm.py trains and scores it by hop count."""
+
+import pytest
+
+from hf_layertie.data.hop_induction import NO_ANSWER, HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer
+from hf_layertie.data.multihop import IGNORE_INDEX
+from hf_layertie.language_modeling import CAUSAL_LM, MASKED_LM, run
+
+
+def hop(letters: list[str], position: int, hops: int) -> str:
+    """The definition, one hop at a time: to the letter after the last earlier occurrence of the current letter."""
+    for _ in range(hops):
+        earlier = [index for index in range(position) if letters[index] == letters[position]]
+        if not earlier:
+            return NO_ANSWER
+        position = earlier[-1] + 1
+    return letters[position]
+
+
+def test_every_label_is_the_letter_its_hop_count_reaches_one_position_later():
+    config = HopInductionConfig(length=40, num_letters=3, min_hops=0, max_hops=5, train_examples=200, eval_examples=10)
+    tokenizer = hop_induction_tokenizer(config)
+    seen_hops = set()
+    for row in hop_induction_datasets(config, seed=4)["train"]:
+        tokens = tokenizer.convert_ids_to_tokens(row["input_ids"])
+        hops, letters = int(tokens[0].removeprefix("k")), tokens[1:-1]
+        seen_hops.add(hops)
+        assert len(letters) == 40 and all(a != b for a, b in zip(letters, letters[1:]))  # no letter twice in a row
+        # The causal loss compares the logits at position p with the label at p + 1: letter i sits at p = i + 1.
+        labels = tokenizer.convert_ids_to_tokens(row["labels"][2:])
+        assert row["labels"][:2] == [IGNORE_INDEX, IGNORE_INDEX]
+        assert labels == [hop(letters, index, hops) for index in range(40)]
+        assert row["answer_hops"] == [hops] * 40
+    assert seen_hops == set(range(6))
+
+
+def test_the_splits_are_seeded_and_differ():
+    config = HopInductionConfig(length=16, train_examples=20, eval_examples=20)
+    first, again, other = (hop_induction_datasets(config, seed=seed) for seed in (1, 1, 2))
+    assert first["train"]["input_ids"] == again["train"]["input_ids"]
+    assert first["train"]["input_ids"] != other["train"]["input_ids"]
+    assert first["train"]["input_ids"] != first["validation"]["input_ids"]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("hops=3", "hop_induction setting 'hops' is unknown"),
+        ("max_hops=two", "hop_induction max_hops must be an integer, got 'two'"),
+        ("min_hops=4,max_hops=2", r"min_hops \(4\) must not exceed max_hops \(2\)"),
+        ("num_letters=1", "num_letters must be at least 2"),
+        ("length=0", "hop_induction length must be a positive integer, got 0"),
+    ],
+)
+def test_bad_task_settings_name_the_setting(text, message):
+    with pytest.raises(ValueError, match=message):
+        HopInductionConfig.from_string(text)
+
+
+def test_run_clm_trains_and_scores_the_task_by_hop_count(tmp_path, capsys):
+    flags = [
+        "--dataset_name", "hop_induction", "--dataset_config_name", "length=24,max_hops=2,train_examples=64,eval_examples=16",
+        "--config_overrides", "n_layer=2,n_embd=16,n_head=2,n_positions=32", "--output_dir", str(tmp_path),
+        "--do_train", "--do_eval", "--max_steps", "3", "--per_device_train_batch_size", "8", "--report_to", "none",
+        "--disable_tqdm", "true",
+    ]  # fmt: skip
+    metrics = run(CAUSAL_LM, flags)
+    assert {"eval_mean_accuracy", "eval_accuracy_hops_1", "eval_accuracy_hops_2"} <= metrics.keys()
+    assert "multi-hop accuracy (16 evaluation examples)" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"--dataset_name hop_induction .* needs 26 positions; the model has 16"):
+        overrides = "n_layer=1,n_embd=16,n_head=2,n_positions=16"
+        run(CAUSAL_LM, [*flags[:4], "--config_overrides", overrides, "--output_dir", str(tmp_path / "short"), "--do_train"])
+    with pytest.raises(ValueError, match="--dataset_name hop_induction is a causal language modeling task"):
+        run(MASKED_LM, ["--dataset_name", "hop_induction", "--output_dir", str(tmp_path / "mlm"), "--do_train"])
+
