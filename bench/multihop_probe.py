@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Does depth help on the multi-hop task? Train one untied GPT-2 on it and print accuracy by hop count as it goes.
+"""Does depth help on a multi-hop task? Train one GPT-2 (untied, or tied by a fixed `--tying_map`) on it and print
+accuracy by hop count as it goes.
 
     python bench/multihop_probe.py --task "num_chains=6,num_queries=2,max_hops=4" --n_layer 2
     python bench/multihop_probe.py --task "num_chains=6,num_queries=2,max_hops=4" --n_layer 8
@@ -13,10 +14,12 @@ replacement from the training split; evaluation on the validation split four tim
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, resolve_tying_map
 
 from hf_layertie.language_modeling.multihop import HOP_TASKS, evaluate_multihop
 
@@ -31,6 +34,8 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--learning_rate", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tying_map", default=None, help="A fixed map of the n_layer blocks ('cycle:2', '0,1,0,1').")
+    parser.add_argument("--result_file", default=None, help="Write the last evaluation, settings and time as JSON.")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -39,11 +44,12 @@ def main() -> None:
     splits = make_datasets(config, seed=0)
     train = splits["train"].with_format("torch", columns=["input_ids", "attention_mask", "labels"])
     torch.manual_seed(args.seed)
-    model = GPT2LMHeadModel(
-        GPT2Config(
+    tying_map = resolve_tying_map(args.tying_map or "independent", args.n_layer).to_list()
+    model = TiedGPT2LMHeadModel(
+        TiedGPT2Config(
             n_layer=args.n_layer, n_embd=args.n_embd, n_head=4, vocab_size=len(make_tokenizer(config)),
             n_positions=config.sequence_length, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            bos_token_id=0, eos_token_id=0,
+            bos_token_id=0, eos_token_id=0, tying_map=tying_map,
         )
     )  # fmt: skip
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.01)
@@ -68,6 +74,10 @@ def main() -> None:
                 f"mean {scores['mean_accuracy']:.3f} ({time.perf_counter() - started:.0f} s)",
                 flush=True,
             )
+    if args.result_file:
+        result = {**vars(args), "tying_map": tying_map, "distinct_blocks": len(set(tying_map)), **scores}
+        result.update(train_seconds=time.perf_counter() - started, trainable_parameters=model.parameter_counts().trainable)
+        Path(args.result_file).write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
