@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
-from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, resolve_tying_map
 
-from hf_layertie.language_modeling.multihop import HOP_TASKS, evaluate_multihop
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.measure import process_peak_bytes, training_state_bytes  # noqa: E402
+from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, resolve_tying_map  # noqa: E402
+
+from hf_layertie.language_modeling.multihop import HOP_TASKS, evaluate_multihop  # noqa: E402
 
 
 def main() -> None:
@@ -58,12 +63,14 @@ def main() -> None:
     )
     generator = torch.Generator().manual_seed(args.seed)
     started = time.perf_counter()
+    peak_state_bytes = 0
     for step in range(1, args.steps + 1):
         batch = train[torch.randint(0, len(train), (args.batch_size,), generator=generator)]
         loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        peak_state_bytes = max(peak_state_bytes, training_state_bytes(model, optimizer))  # gradients still held
         schedule.step()
         optimizer.zero_grad()
         if step % max(1, args.steps // 4) == 0:
@@ -77,6 +84,7 @@ def main() -> None:
     if args.result_file:
         result = {**vars(args), "tying_map": tying_map, "distinct_blocks": len(set(tying_map)), **scores}
         result.update(train_seconds=time.perf_counter() - started, trainable_parameters=model.parameter_counts().trainable)
+        result.update(peak_state_bytes=peak_state_bytes, peak_process_bytes=process_peak_bytes()[0])
         Path(args.result_file).write_text(json.dumps(result, indent=2))
 
 
