@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 from .compress import CompressSettings, Row
-from .report import interval, paired_difference
+from .report import estimate, interval, paired_difference
 
 MIB = 2**20
 
@@ -94,9 +94,9 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
     ]
     for label, row in summary["rows"].items():
         difference = row["versus_best_small"]
-        cell = f"{difference['mean']:+.3f} ± {difference['half_width']:.3f} ({difference['verdict']})" if difference else ""
+        cell = f"{estimate(difference['mean'], difference['half_width'], signed=True)} ({difference['verdict']})" if difference else ""
         lines.append(
-            f"| {label} | {len(row['seeds'])} | {row['test_loss']:.3f} ± {row['test_loss_half_width']:.3f} | {cell} | "
+            f"| {label} | {len(row['seeds'])} | {estimate(row['test_loss'], row['test_loss_half_width'])} | {cell} | "
             f"{row['distinct_blocks']} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} | {row['train_seconds']:.0f} | "
             f"{_export_cell(row['export_logit_difference'])} |"
         )

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.provenance import provenance  # noqa: E402
-from bench.report import interval, paired_difference  # noqa: E402
+from bench.report import estimate, interval, paired_difference  # noqa: E402
 from bench.settings import REPO_ROOT  # noqa: E402
 
 TASK = "length=64,max_hops=4"
@@ -165,19 +165,19 @@ def _markdown(summary: dict, hops: list[str], records: list[dict]) -> str:
         "|---|---|---|---|" + "---|" * len(hops) + "---|---|---|---|",
     ]
     for label, row in summary.items():
-        cells = [f"{mean:.3f} ± {half:.3f}" for mean, half in (row["accuracy_by_hops"][hop] for hop in hops)]
+        cells = [estimate(*row["accuracy_by_hops"][hop]) for hop in hops]
         versus = row["versus_budget"]
         difference = versus["mean_accuracy"] if versus else None
-        cell = f"{difference['mean']:+.3f} ± {difference['half_width']:.3f} ({difference['verdict']})" if difference else ""
-        mean, half = row["mean_accuracy"]
+        cell = f"{estimate(difference['mean'], difference['half_width'], signed=True)} ({difference['verdict']})" if difference else ""
         lines.append(
             f"| {label} | {len(row['seeds'])} | {row['distinct_blocks']} | {row['trainable_parameters']:,} | "
-            + " | ".join(cells) + f" | {mean:.3f} ± {half:.3f} | {cell} | {row['peak_state_bytes'] / 2**20:.2f} | {row['train_seconds']:.0f} |"
+            + " | ".join(cells) + f" | {estimate(*row['mean_accuracy'])} | {cell} | {row['peak_state_bytes'] / 2**20:.2f} | {row['train_seconds']:.0f} |"
         )
     lines += ["", "Paired differences against the budget, per hop count (accuracy points):", ""]
     for label, row in summary.items():
         if row["versus_budget"]:
-            parts = [f"{hop} hops {row['versus_budget'][f'hops_{hop}']['mean']:+.3f} ± {row['versus_budget'][f'hops_{hop}']['half_width']:.3f}" for hop in hops]
+            differences = [row["versus_budget"][f"hops_{hop}"] for hop in hops]
+            parts = [f"{hop} hops {estimate(d['mean'], d['half_width'], signed=True)}" for hop, d in zip(hops, differences)]
             lines.append(f"- {label}: " + ", ".join(parts))
     versions = sorted({(run.get("commit"), json.dumps(run.get("versions"))) for run in records})
     lines += ["", "![accuracy per hop count](hop_induction.png)", "", "Runs came from: " + "; ".join(f"commit {c}, {v}" for c, v in versions), ""]

@@ -185,10 +185,16 @@ def _same_final_budget(runs: dict[int, dict], dlt_final: dict[int, int]) -> bool
     return all(seed in dlt_final and run["distinct_final"] == dlt_final[seed] for seed, run in runs.items())
 
 
+def estimate(mean: float, half_width: float, signed: bool = False) -> str:
+    """`mean ± half-width` to 3 decimals; the mean alone where one seed gives no interval."""
+    value = f"{mean:+.3f}" if signed else f"{mean:.3f}"
+    return value if math.isnan(half_width) else f"{value} ± {half_width:.3f}"
+
+
 def _cell(difference: dict | None) -> str:
     if difference is None:
         return ""
-    return f"{difference['mean']:+.3f} ± {difference['half_width']:.3f}"
+    return estimate(difference["mean"], difference["half_width"], signed=True)
 
 
 def _hardware(settings: BenchSettings) -> str:
