@@ -20,10 +20,11 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import TrainerCallback, default_data_collator, set_seed
+from transformers import PreTrainedTokenizerBase, TrainerCallback, default_data_collator, set_seed
 
 from hf_layertie.data.embedded import SHAKESPEARE_DIR
 from hf_layertie.decisions import DECISIONS
+from hf_layertie.language_modeling.multihop import check_hop_task_fits, evaluate_multihop, load_hop_task
 from hf_layertie.toolkit.baselines import bigram_loss
 from hf_layertie.toolkit.data import take_first, tokenize_and_group
 from hf_layertie.toolkit.models import load_model, load_tokenizer
@@ -110,16 +111,26 @@ def study_blocks(
     return blocks
 
 
-def settings_blocks(settings: BenchSettings, tokenizer) -> datasets.DatasetDict:
-    """`study_blocks` as a study's settings size them."""
-    return study_blocks(tokenizer, settings.block_size, settings.max_test_blocks, settings.train_works, settings.max_validation_blocks)
+def study_data(settings: BenchSettings) -> tuple[PreTrainedTokenizerBase, datasets.DatasetDict]:
+    """The tokenizer and train / validation / test splits a study's settings name: the plays in blocks
+    (`study_blocks`), or the generated task's examples (the same ones for every seed: seeds vary weights and order)."""
+    if settings.task is None:
+        tokenizer = load_tokenizer(TOKENIZER)
+        blocks = study_blocks(tokenizer, settings.block_size, settings.max_test_blocks, settings.train_works, settings.max_validation_blocks)
+        return tokenizer, blocks
+    name, _, config = settings.task.partition(":")
+    splits, tokenizer = load_hop_task(name, config, seed=0)
+    check_hop_task_fits(name, splits, settings.block_size, config)
+    return tokenizer, splits
 
 
-def count_bigram_test_loss(settings: BenchSettings) -> float:
-    """The count bigram of the same tokenization, trained on the training works, scored on the test blocks."""
+def count_bigram_test_loss(settings: BenchSettings) -> float | None:
+    """The count bigram of the same tokenization, trained on the training works, scored on the test blocks (None
+    for a task, whose loss is on answers, not on every next token)."""
+    if settings.task is not None:
+        return None
     datasets.disable_progress_bars()
-    tokenizer = load_tokenizer(TOKENIZER)
-    blocks = settings_blocks(settings, tokenizer)
+    tokenizer, blocks = study_data(settings)
     return bigram_loss(blocks["train"]["input_ids"], blocks["test"]["input_ids"], len(tokenizer))
 
 
@@ -179,8 +190,7 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
     if settings.num_threads is not None:
         torch.set_num_threads(settings.num_threads)
     datasets.disable_progress_bars()
-    tokenizer = load_tokenizer(TOKENIZER)
-    blocks = settings_blocks(settings, tokenizer)
+    tokenizer, blocks = study_data(settings)
     memory = spec.kind == "memory"
     args = training_arguments(settings, spec, run_dir)
     set_seed(spec.seed)  # the same initial weights for every strategy of a seed
@@ -228,9 +238,23 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
             result[f"{split}_loss"] = trainer.evaluate(eval_dataset=blocks[split], metric_key_prefix=split)[f"{split}_loss"]
         result["test_tokens"] = len(blocks["test"]) * settings.block_size
         result.update(model_selection(trainer.state.log_history, trainer.state.global_step, result))
+        if settings.task is not None:
+            result.update(hop_accuracy(model, blocks))
     if trainer.tying_records:
         plot_tying_history(trainer.tying_records, run_dir / "tying_map.png", final_step=trainer.state.global_step)
     return result
+
+
+def hop_accuracy(model, splits: datasets.DatasetDict) -> dict:
+    """Accuracy per hop count on the test split (`accuracy_by_hops`, `mean_accuracy`: the mean over hop counts) and
+    the mean on validation, where settings are chosen."""
+    test = evaluate_multihop(model, splits["test"], batch_size=100)
+    validation = evaluate_multihop(model, splits["validation"], batch_size=100)
+    return {
+        "accuracy_by_hops": test["accuracy_by_hops"],
+        "mean_accuracy": test["mean_accuracy"],
+        "validation_mean_accuracy": validation["mean_accuracy"],
+    }
 
 
 def model_selection(log_history: list[dict], final_step: int, final: dict) -> dict:

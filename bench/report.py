@@ -131,6 +131,12 @@ def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
     for label, runs in measured.items():
         results = list(runs.values())
         loss, loss_half = interval([run["test_loss"] for run in results])
+        rows_versus = {
+            name: paired_difference(runs, measured[other])
+            for name, other in baselines
+            if other in measured and other != label
+            and (name != "best static" or _same_final_budget(runs, dlt_final))
+        }
         rows[label] = {
             "seeds": sorted(runs),
             "test_loss": loss,
@@ -144,16 +150,27 @@ def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
             "peak_process_mib": statistics.fmean(run["peak_process_bytes"] for run in results) / MIB,
             "train_seconds": statistics.fmean(run["train_seconds"] for run in results),
             "agent_overhead": statistics.fmean(sum(run["tying_seconds"].values()) / run["train_seconds"] for run in results),
-            "versus": {
-                name: paired_difference(runs, measured[other])
-                for name, other in baselines
-                if other in measured and other != label
-                and (name != "best static" or _same_final_budget(runs, dlt_final))
-            },
+            "versus": rows_versus,
             "selected": _selected(runs, measured, baselines),
+            "accuracy": _accuracy(runs, measured, baselines, compared=rows_versus),
             "provenance": sorted({_provenance(run) for run in results}),
         }
     return {"rows": rows, "best_static_at_final_budget": best_static}
+
+
+def _accuracy(runs: dict[int, dict], measured: dict[str, dict[int, dict]], baselines, compared: dict) -> dict | None:
+    """On a task: test accuracy per hop count and its mean over hop counts, and the paired differences of the mean
+    with the baselines the loss is `compared` with."""
+    if not all("mean_accuracy" in run for run in runs.values()):
+        return None
+    hops = sorted(next(iter(runs.values()))["accuracy_by_hops"], key=int)
+    versus = {
+        name: paired_difference(runs, measured[other], key="mean_accuracy")
+        for name, other in baselines
+        if name in compared and all("mean_accuracy" in run for run in measured[other].values())
+    }
+    by_hops = {hop: interval([run["accuracy_by_hops"][hop] for run in runs.values()]) for hop in hops}
+    return {"mean_accuracy": interval([run["mean_accuracy"] for run in runs.values()]), "by_hops": by_hops, "versus": versus}
 
 
 def _selected(runs: dict[int, dict], measured: dict[str, dict[int, dict]], baselines) -> dict | None:
@@ -221,6 +238,8 @@ def write_report(settings: BenchSettings, output: Path) -> Path:
     }
     (output / "results.json").write_text(json.dumps(payload, indent=2))
     _plot_quality(summary["rows"], table, baselines["bigram_test_loss"], output / "quality_vs_distinct.png")
+    if settings.task is not None:
+        _plot_accuracy(summary["rows"], table, output / "accuracy_by_hops.png")
     if memory:
         _plot_memory(memory, output / "memory_vs_depth.png")
     if settings.eval_interval:
@@ -232,17 +251,20 @@ def write_report(settings: BenchSettings, output: Path) -> Path:
 
 def _markdown(settings: BenchSettings, payload: dict) -> str:
     rows, best = payload["rows"], payload["best_static_at_final_budget"]
+    data = f"task `{settings.task}`" if settings.task else "`shakespeare-bpe` (2,048 tokens)"
+    bigram = payload["baselines"]["bigram_test_loss"]
     lines = [
         f"Model: TiedGPT2, {settings.n_layer} blocks x {settings.n_embd} ({settings.n_head} heads), context {settings.block_size}, "
-        f"`shakespeare-bpe` (2,048 tokens); {settings.max_steps} steps x {settings.batch_size} x {settings.block_size} tokens, "
+        f"{data}; {settings.max_steps} steps x {settings.batch_size} x {settings.block_size} tokens, "
         f"AdamW lr {settings.learning_rate:g} cosine, k = {settings.tying_interval}; budget U = {settings.max_distinct_blocks} "
         f"distinct blocks for dlt, random and similarity. Hardware: {payload['hardware']}.",
         "",
-        f"Test loss in nats per token on 4 held-out plays (Hamlet, Lear, Othello, Much Ado), mean ± 95% interval over "
-        f"paired seeds; differences are paired (negative: lower loss than the other). Count bigram of the same "
-        f"tokenization: {payload['baselines']['bigram_test_loss']:.3f}. Best static layout at DLT's final budget (chosen "
-        f"on validation loss): {best}; compared only with runs that ended at DLT's number of distinct blocks in "
-        f"every seed.",
+        ("Test loss in nats per labelled token on the task's test split" if settings.task else
+         "Test loss in nats per token on 4 held-out plays (Hamlet, Lear, Othello, Much Ado)")
+        + ", mean ± 95% interval over paired seeds; differences are paired (negative: lower loss than the other). "
+        + ("" if bigram is None else f"Count bigram of the same tokenization: {bigram:.3f}. ")
+        + f"Best static layout at DLT's final budget (chosen on validation loss): {best}; compared only with runs "
+        "that ended at DLT's number of distinct blocks in every seed.",
         "",
         f"`{untied_label(settings)}` is conventional training of a model with as many blocks as the budget: the same "
         f"parameters, gradients and optimizer state as a tied model with U distinct blocks. Memory in MiB.",
@@ -263,6 +285,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
             f"| {_cell(versus.get('best static'))} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} "
             f"| {row['train_seconds']:.0f} | {100 * row['agent_overhead']:.1f}% |"
         )
+    lines += _accuracy_lines(rows, payload["runs"])
     lines += _selection_lines(settings, rows)
     if payload["learning_rates"]:
         tuning = payload["learning_rates"]
@@ -301,6 +324,31 @@ def _selection_lines(settings: BenchSettings, rows: dict[str, dict]) -> list[str
         lines.append(
             f"| {label} | {selected['test_loss']:.3f} ± {selected['test_loss_half_width']:.3f} | {selected['best_validation_step']:.0f} "
             f"| {_cell(versus.get('none'))} | {_cell(versus.get('untied U'))} | {_cell(versus.get('random'))} | {_cell(versus.get('dlt'))} |"
+        )
+    return lines
+
+
+def _accuracy_lines(rows: dict[str, dict], runs: dict[str, dict[int, dict]]) -> list[str]:
+    """On a task: test accuracy per hop count, and the paired differences of its mean over hop counts (a label
+    whose runs are another's is left out)."""
+    measured = {label: row["accuracy"] for label, row in rows.items() if row["accuracy"] and _same_runs_as(label, runs) is None}
+    if not measured:
+        return []
+    hops = list(next(iter(measured.values()))["by_hops"])
+    lines = [
+        "",
+        "Test accuracy per hop count (every labelled position of the test split), its mean over hop counts, and the "
+        "paired differences of that mean (positive: more accurate than the other); see accuracy_by_hops.png.",
+        "",
+        "| strategy | " + " | ".join(f"{hop} hops" for hop in hops) + " | mean | vs none | vs untied U | vs random | vs best static |",
+        "|---|" + "---|" * len(hops) + "---|---|---|---|---|",
+    ]
+    for label, accuracy in measured.items():
+        versus = accuracy["versus"]
+        lines.append(
+            f"| {label} | " + " | ".join(estimate(*accuracy["by_hops"][hop]) for hop in hops)
+            + f" | {estimate(*accuracy['mean_accuracy'])} | {_cell(versus.get('none'))} | {_cell(versus.get('untied U'))} "
+            f"| {_cell(versus.get('random'))} | {_cell(versus.get('best static'))} |"
         )
     return lines
 
@@ -356,7 +404,7 @@ def _memory_lines(memory: list[dict]) -> list[str]:
     return lines
 
 
-def _plot_quality(rows: dict[str, dict], runs: dict[str, dict[int, dict]], bigram: float, path: Path) -> None:
+def _plot_quality(rows: dict[str, dict], runs: dict[str, dict[int, dict]], bigram: float | None, path: Path) -> None:
     """Test loss with its interval against the blocks that owned weights on average, one marker per strategy (a
     label whose runs are another's is left out); strategies at the same budget are spread a little sideways."""
     shown = [label for label in rows if _same_runs_as(label, runs) is None]
@@ -373,11 +421,35 @@ def _plot_quality(rows: dict[str, dict], runs: dict[str, dict[int, dict]], bigra
             row["distinct_mean"] + offset, row["test_loss"], yerr=half, capsize=4, label=label,
             fmt="os^vDP*Xph"[index % 10], color=plt.get_cmap("tab10")(index % 10),
         )  # fmt: skip
-    axes.axhline(bigram, color="grey", linestyle="--", label=f"count bigram ({bigram:.3f})")
+    if bigram is not None:
+        axes.axhline(bigram, color="grey", linestyle="--", label=f"count bigram ({bigram:.3f})")
     axes.set_xlabel("distinct blocks, mean over training steps")
     axes.set_ylabel("test loss (nats/token), mean ± 95% interval")
     axes.set_title("Quality against the blocks that own weights (lower is better)")
     axes.legend(fontsize=8, loc="upper right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _plot_accuracy(rows: dict[str, dict], runs: dict[str, dict[int, dict]], path: Path) -> None:
+    """Test accuracy against hop count with its interval, one line per strategy (a label whose runs are another's
+    is left out)."""
+    shown = [label for label, row in rows.items() if row["accuracy"] and _same_runs_as(label, runs) is None]
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for index, label in enumerate(shown):
+        by_hops = rows[label]["accuracy"]["by_hops"]
+        hops = [int(hop) for hop in by_hops]
+        halves = [0 if math.isnan(half) else half for _, half in by_hops.values()]
+        axes.errorbar(
+            [hop + 0.03 * (index - len(shown) / 2) for hop in hops], [mean for mean, _ in by_hops.values()], yerr=halves,
+            capsize=3, marker="os^vDP*Xph"[index % 10], color=plt.get_cmap("tab20")(index % 20), label=label,
+        )  # fmt: skip
+    axes.set_xticks(hops)
+    axes.set_xlabel("hops")
+    axes.set_ylabel("test accuracy, mean ± 95% interval")
+    axes.set_title("Accuracy per hop count (higher is better)")
+    axes.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

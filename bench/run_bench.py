@@ -2,6 +2,7 @@
 
     python bench/run_bench.py --preset tiny                # smoke test, about 2 minutes
     python bench/run_bench.py --preset default --jobs 2    # the CPU study: 10 seeds x 19 runs of 2-5 minutes, about 7 hours on 2 cores
+    python bench/run_bench.py --preset depth --jobs 2      # k-hop induction, where depth matters: 5 seeds x 15 runs of 6 minutes
     python bench/run_bench.py --help                       # every flag
 
 Every (strategy, seed) run is a fresh single-threaded Python process (its peak memory is its own) that writes
@@ -162,6 +163,7 @@ class Scheduler:
             return
         result = load_result(self.output / directory)
         loss = f", test loss {result['test_loss']:.4f}" if "test_loss" in result else ""
+        loss += f", mean accuracy {result['mean_accuracy']:.3f}" if "mean_accuracy" in result else ""
         self.progress.write(f"{spec.kind} {spec.label} seed {spec.seed}: {result['train_seconds']:.0f} s{loss}")
         self._after(order, spec)
 

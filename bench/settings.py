@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from hf_layertie.language_modeling.multihop import HOP_TASKS
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_PLAYS_DIR = REPO_ROOT / "bench" / "data" / "shakespeare"
 
@@ -56,6 +58,10 @@ class BenchSettings:
     eval_interval: int | None = None
     max_validation_blocks: int | None = None
     controls: bool = False  # add `control_runs` to every seed
+    # A generated task instead of the plays (preset `depth`): `<name>:<config>` of `hf_layertie.language_modeling.
+    # multihop.HOP_TASKS`, e.g. "hop_induction:length=64,max_hops=4"; every run then also reports accuracy per hop
+    # count, and the static layouts are also trained at the budget itself (`<layout> @ U`), not only at DLT's.
+    task: str | None = None
 
     def fingerprint(self) -> str:
         """What a result must have been measured under to be reused (everything but scheduling)."""
@@ -99,6 +105,15 @@ PRESETS: dict[str, BenchSettings] = {
         memory_batch_size=8, memory_steps=60, memory_tying_interval=2, train_works=("julius_caesar",), dropout=0.2,
         eval_interval=100, max_validation_blocks=64,
     ),  # fmt: skip
+    # A regime where depth matters (bench/README.md, "The multi-hop task"): k-hop induction of 64 letters, 1-4 hops,
+    # where 4 untied blocks of width 64 clearly beat 2 (bench/hop_depth.py); budget U = 2, 5,000 steps of 32
+    # examples at 1e-3 (the settings that first showed depth mattering), k = 15. About 6 minutes per run on one core.
+    "depth": BenchSettings(
+        n_layer=4, n_embd=64, n_head=4, block_size=66, max_steps=5000, batch_size=32, learning_rate=1e-3,
+        warmup_steps=100, tying_interval=15, max_distinct_blocks=2, seeds=(0, 1, 2, 3, 4), max_test_blocks=None,
+        memory_depths=(12, 24, 48), memory_n_embd=128, memory_n_head=4, memory_max_distinct_blocks=8,
+        memory_batch_size=8, memory_steps=60, memory_tying_interval=2, task="hop_induction:length=64,max_hops=4",
+    ),  # fmt: skip
     # One GPU: 12 x 384 (GPT-2 small's depth, a quarter of its width), 256-token context, 6,000 steps.
     "gpu": BenchSettings(
         n_layer=12, n_embd=384, n_head=6, block_size=256, max_steps=6000, batch_size=16, learning_rate=1e-3,
@@ -117,12 +132,13 @@ def _override(help_text: str) -> dict:
 class BenchArguments:
     """Flags of `bench/run_bench.py`. Size flags left unset take the preset's value."""
 
-    preset: Literal["tiny", "default", "paper", "paper48", "gpu"] = field(
+    preset: Literal[tuple(PRESETS)] = field(
         default="default",
         metadata={
             "help": "tiny: a 2-minute smoke test. default: the CPU study (10 seeds with controls: about 7 h on 2 cores, resumable). paper: the paper's "
             "regime, one play for many epochs with dropout and model selection on validation (about 6 minutes per run "
-            "on one core, 19 runs per seed). paper48: the same at 48 blocks x 32, budget 8. gpu: one GPU."
+            "on one core, 19 runs per seed). paper48: the same at 48 blocks x 32, budget 8. depth: k-hop induction, "
+            "where depth matters, 4 blocks with a budget of 2 (about 6 minutes per run on one core). gpu: one GPU."
         },
     )
     results_dir: str | None = field(
@@ -168,6 +184,7 @@ class BenchArguments:
     dropout: float | None = _override("Dropout of the compared models (residual, embedding, attention).")
     eval_interval: int | None = _override("Steps between two measurements of the validation and test loss.")
     max_validation_blocks: int | None = _override("Cap on the validation blocks evaluated.")
+    task: str | None = _override("A generated task instead of the plays, e.g. 'hop_induction:length=16,max_hops=2'.")
     num_threads: int | None = _override("torch intra-op threads per run.")
     use_gpu: bool | None = _override("'true': train on the CUDA GPU (preset gpu does).")
     single_run: str | None = field(
@@ -224,6 +241,8 @@ def _check(settings: BenchSettings) -> None:
         value = getattr(settings, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be >= 1, got {value}")
+    if settings.task is not None and settings.task.partition(":")[0] not in HOP_TASKS:
+        raise ValueError(f"--task {settings.task!r}: expected '<name>:<config>' with a name among {', '.join(sorted(HOP_TASKS))}")
     if not 0 <= settings.dropout < 1:
         raise ValueError(f"--dropout must be in [0, 1), got {settings.dropout}")
     if settings.learning_rate <= 0:
@@ -303,9 +322,10 @@ def independent_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
 def core_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
     """The runs behind the study's main contrasts; `untied, U blocks` is conventional training of a model as
     shallow as the budget: the same parameters, gradients and optimizer state as a tied model with U distinct
-    blocks, so the alternative a user with that memory would pick instead of tying."""
+    blocks, so the alternative a user with that memory would pick instead of tying. With a task, the fixed layouts
+    at the budget too (the looped models of the looped-transformer literature are `cycle @ U`)."""
     budget = settings.max_distinct_blocks
-    return [
+    runs = [
         RunSpec("none", "none", seed),
         RunSpec(untied_label(settings), "none", seed, num_blocks=budget),
         RunSpec("dlt", "dlt", seed),
@@ -313,6 +333,9 @@ def core_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
         RunSpec("random", "random", seed),
         RunSpec("similarity", f"similarity:{budget}", seed),
     ]
+    if settings.task is not None:
+        runs[2:2] = [RunSpec(f"{layout} @ U", f"static:{layout}:{budget}", seed) for layout in STATIC_LAYOUTS]
+    return runs
 
 
 def control_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:

@@ -152,6 +152,23 @@ def test_a_run_evaluated_during_training_reports_the_test_loss_at_its_best_valid
     assert curve[-1]["test_loss"] == run["final_test_loss"] == run["test_loss"]
 
 
+@pytest.mark.slow
+def test_a_study_on_a_task_reports_accuracy_per_hop_count_for_every_strategy(tmp_path):
+    task = "hop_induction:length=16,max_hops=2,train_examples=200,eval_examples=40"
+    completed = _bench(tmp_path, "--task", task, "--block_size", "18", "--seeds", "0", "--skip_memory", "true", "--jobs", "2")
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert {"cycle @ U", "sequence @ U", "cycle_rev @ U", "untied, 2 blocks", "dlt"} <= results["runs"].keys()
+    for label, runs in results["runs"].items():
+        (run,) = runs.values()
+        assert run["accuracy_by_hops"].keys() == {"1", "2"}, label
+        assert run["mean_accuracy"] == pytest.approx(statistics.fmean(run["accuracy_by_hops"].values()))
+    assert results["runs"]["cycle @ U"]["0"]["final_map"] == [0, 1, 0, 1]
+    table = (tmp_path / "results.md").read_text()
+    assert "| strategy | 1 hops | 2 hops | mean |" in table and "Count bigram" not in table
+    assert matplotlib.image.imread(tmp_path / "accuracy_by_hops.png").shape[0] > 100
+
+
 def test_interval_is_the_student_t_interval():
     mean, half = interval([1.0, 2.0, 3.0])
     assert mean == 2.0 and half == pytest.approx(stats.t.ppf(0.975, 2) / math.sqrt(3))
@@ -168,6 +185,7 @@ def test_interval_is_the_student_t_interval():
         ({"memory_depths": "2,8"}, "every depth must exceed --memory_max_distinct_blocks"),
         ({"dropout": 1.0}, r"--dropout must be in \[0, 1\), got 1.0"),
         ({"eval_interval": 0}, "--eval_interval must be >= 1"),
+        ({"task": "chains:length=8"}, "--task 'chains:length=8': expected '<name>:<config>' with a name among"),
     ],
 )
 def test_bad_flags_are_named(flags, named):

@@ -40,7 +40,7 @@ def test_the_splits_are_seeded_and_differ():
     first, again, other = (hop_induction_datasets(config, seed=seed) for seed in (1, 1, 2))
     assert first["train"]["input_ids"] == again["train"]["input_ids"]
     assert first["train"]["input_ids"] != other["train"]["input_ids"]
-    assert first["train"]["input_ids"] != first["validation"]["input_ids"]
+    assert first["train"]["input_ids"] != first["validation"]["input_ids"] != first["test"]["input_ids"]
 
 
 @pytest.mark.parametrize(

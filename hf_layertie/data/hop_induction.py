@@ -113,7 +113,8 @@ def hop_targets(letters: np.ndarray, hops: np.ndarray) -> np.ndarray:
 
 
 def hop_induction_datasets(config: HopInductionConfig, seed: int = 0) -> datasets.DatasetDict:
-    """`train` and `validation` splits: `input_ids` (`k`, the letters, padding), `attention_mask`, `labels` (each
+    """`train`, `validation` and `test` splits (the evaluation splits `eval_examples` each, for choosing settings on
+    one and reporting the other): `input_ids` (`k`, the letters, padding), `attention_mask`, `labels` (each
     letter's target one position later, for the causal shift) and `answer_hops` (the example's `k` per label)."""
     vocabulary = hop_induction_tokenizer(config).get_vocab()
     letter_ids = np.array([vocabulary[letter] for letter in _letters(config)])
@@ -141,5 +142,6 @@ def hop_induction_datasets(config: HopInductionConfig, seed: int = 0) -> dataset
         {
             "train": datasets.Dataset.from_dict(rows(config.train_examples, seed)),
             "validation": datasets.Dataset.from_dict(rows(config.eval_examples, seed + 1_000_003)),
+            "test": datasets.Dataset.from_dict(rows(config.eval_examples, seed + 2_000_006)),
         }
     )
