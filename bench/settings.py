@@ -64,8 +64,12 @@ class BenchSettings:
     task: str | None = None
 
     def fingerprint(self) -> str:
-        """What a result must have been measured under to be reused (everything but scheduling)."""
-        return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if k not in ("seeds", "num_threads")})
+        """What a result must have been measured under to be reused (everything but scheduling; `task` only when
+        set, so that the runs recorded before it existed keep their fingerprint)."""
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("seeds", "num_threads")}
+        if fields["task"] is None:
+            del fields["task"]
+        return json.dumps(fields)
 
 
 PRESETS: dict[str, BenchSettings] = {
