@@ -3,6 +3,7 @@
     python bench/compress.py --preset tiny      # smoke test, about 2 minutes
     python bench/compress.py                    # the CPU comparison, about 35 minutes per seed on one core
     python bench/compress.py --seeds 0,1        # some seeds now, the others later (finished runs are kept)
+    python bench/compress.py --preset depth     # the same on k-hop induction, where depth matters (4 blocks to 2)
 
 Per seed: a 12-block GPT-2 (the study's 12 x 64, `bench/settings.py`) is trained conventionally on the study's
 training works (the teacher), then every row trains the same number of uptraining steps on the same batches, with
@@ -39,6 +40,7 @@ from transformers import HfArgumentParser
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.provenance import provenance  # noqa: E402
+from hf_layertie.language_modeling.multihop import HOP_TASKS  # noqa: E402
 from bench.settings import REPO_ROOT  # noqa: E402
 
 
@@ -58,9 +60,14 @@ class CompressSettings:
     tying_interval: int
     max_test_blocks: int | None
     seeds: tuple[int, ...]
+    task: str | None = None  # a generated task instead of the plays (`bench/settings.py`, BenchSettings.task)
 
     def fingerprint(self) -> str:
-        return json.dumps({key: value for key, value in dataclasses.asdict(self).items() if key != "seeds"})
+        """Everything but the seeds; `task` only when set (the runs recorded before it existed stay valid)."""
+        fields = {key: value for key, value in dataclasses.asdict(self).items() if key != "seeds"}
+        if fields["task"] is None:
+            del fields["task"]
+        return json.dumps(fields)
 
 
 PRESETS = {
@@ -75,6 +82,14 @@ PRESETS = {
         n_layer=12, n_embd=64, n_head=4, block_size=64, batch_size=16, teacher_steps=2000, teacher_learning_rate=3e-3,
         uptrain_steps=1000, uptrain_learning_rate=1e-3, warmup_steps=50, distinct_blocks=4, tying_interval=2,
         max_test_blocks=None, seeds=(0, 1, 2, 3, 4),
+    ),  # fmt: skip
+    # Where depth matters: k-hop induction (the `depth` study preset's task and model), a 4-block teacher trained
+    # 5,000 steps (where 4 untied blocks beat 2, bench/hop_depth.py), compressed to 2 distinct blocks and uptrained
+    # 1,000 steps at 1e-3.
+    "depth": CompressSettings(
+        n_layer=4, n_embd=64, n_head=4, block_size=66, batch_size=32, teacher_steps=5000, teacher_learning_rate=1e-3,
+        uptrain_steps=1000, uptrain_learning_rate=1e-3, warmup_steps=100, distinct_blocks=2, tying_interval=2,
+        max_test_blocks=None, seeds=(0, 1, 2, 3, 4), task="hop_induction:length=64,max_hops=4",
     ),  # fmt: skip
 }
 
@@ -120,8 +135,10 @@ def plan(settings: CompressSettings) -> list[Row]:
         Row(f"untied {budget} blocks from scratch, uptraining steps", "scratch"),
         Row(f"untied {budget} blocks from scratch, teacher + uptraining steps", "scratch", all_tokens=True),
     ]
+    if settings.task is not None:
+        return rows
     # The path users take with real checkpoints: a plain LlamaForCausalLM teacher converted, relaxed and exported.
-    # One seed: a check that the workflow runs and what it gives, not a comparison.
+    # One seed: a check that the workflow runs and what it gives, not a comparison (on the plays alone).
     llama = dict(model_type="tied_llama", seeds=(0,))
     rows += [
         Row(f"Llama: teacher, {settings.n_layer} blocks, continued (ceiling)", "teacher", **llama),
@@ -142,6 +159,9 @@ def _relaxed_row(strategy: str, rank: int, init: str, prefix: str = "", **family
 class CompressArguments:
     preset: str = field(default="default", metadata={"help": f"One of {', '.join(PRESETS)}."})
     seeds: str | None = field(default=None, metadata={"help": "Comma-separated seeds (default: the preset's)."})
+    task: str | None = field(
+        default=None, metadata={"help": "A generated task instead of the preset's data, e.g. 'hop_induction:length=16,max_hops=2'."}
+    )
     results_dir: str | None = field(default=None, metadata={"help": "Default: bench/results/compress-<preset>."})
     report_dir: str | None = field(default=None, metadata={"help": "Default: docs/compress (preset default), else the results dir."})
     report_only: bool = field(default=False, metadata={"help": "Write the report from finished runs; train nothing."})
@@ -156,6 +176,10 @@ class CompressArguments:
             if not parts or not all(part.isdecimal() for part in parts):
                 raise ValueError(f"--seeds {self.seeds!r}: expected comma-separated non-negative integers, e.g. '0,1'")
             settings = dataclasses.replace(settings, seeds=tuple(int(part) for part in parts))
+        if self.task is not None:
+            if self.task.partition(":")[0] not in HOP_TASKS:
+                raise ValueError(f"--task {self.task!r}: expected '<name>:<config>' with a name among {', '.join(sorted(HOP_TASKS))}")
+            settings = dataclasses.replace(settings, task=self.task)
         return settings
 
     def output(self) -> Path:
@@ -164,7 +188,9 @@ class CompressArguments:
     def report(self) -> Path:
         if self.report_dir:
             return Path(self.report_dir)
-        return REPO_ROOT / "docs" / "compress" if self.preset == "default" else self.output()
+        if self.preset == "tiny":
+            return self.output()
+        return REPO_ROOT / "docs" / "compress" / ("" if self.preset == "default" else self.preset)
 
 
 def main() -> None:

@@ -45,8 +45,22 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]]) -> dict:
             "train_seconds": statistics.fmean(run["train_seconds"] for run in runs.values()),
             "versus_best_small": paired_difference(runs, table[baseline]) if baseline and baseline != row.label else None,
             "export_logit_difference": max((run.get("export_logit_difference", math.nan) for run in runs.values()), default=math.nan),
+            **_accuracy(runs, table[baseline] if baseline and baseline != row.label else None),
         }
     return {"best_small": best_small, "rows": summary}
+
+
+def _accuracy(runs: dict[int, dict], baseline: dict[int, dict] | None) -> dict:
+    """On a task: the test accuracy's mean over hop counts, per hop count, and its paired difference to the best
+    small row."""
+    if not all("mean_accuracy" in run for run in runs.values()):
+        return {}
+    hops = sorted(next(iter(runs.values()))["accuracy_by_hops"], key=int)
+    return {
+        "mean_accuracy": interval([run["mean_accuracy"] for run in runs.values()]),
+        "accuracy_by_hops": {hop: interval([run["accuracy_by_hops"][hop] for run in runs.values()]) for hop in hops},
+        "accuracy_versus_best_small": paired_difference(runs, baseline, key="mean_accuracy") if baseline else None,
+    }
 
 
 def _best_small(rows: list[Row], table: dict[str, dict[int, dict]], family: str) -> str | None:
@@ -78,13 +92,16 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
         f"`python bench/compress.py` (settings: {json.dumps(json.loads(settings.fingerprint()))}). GPT-2 of "
         f"{settings.n_layer} x {settings.n_embd} trained {settings.teacher_steps} steps (the teacher), then every row "
         f"{settings.uptrain_steps} uptraining steps of {settings.batch_size} x {settings.block_size} tokens at most "
-        f"{settings.distinct_blocks} blocks owning weights. Test loss in nats per token on the study's four test "
-        "plays; 95% t-intervals over seeds; differences paired by seed against the best row of the same family that "
+        f"{settings.distinct_blocks} blocks owning weights. "
+        + (f"Task `{settings.task}`: test loss in nats per labelled token and accuracy on its test split" if settings.task
+           else "Test loss in nats per token on the study's four test plays")
+        + "; 95% t-intervals over seeds; differences paired by seed against the best row of the same family that "
         f"trains {settings.distinct_blocks} blocks from scratch (chosen on validation loss: "
         + "; ".join(f"**{label}**" for label in summary["best_small"].values() if label)
         + "). Memory in MiB: training state (parameters, gradients, AdamW state) and the process peak (VmHWM). "
-        "Llama rows: the same path from a plain `LlamaForCausalLM` teacher, seed 0 alone (the workflow, not a "
-        "comparison). Export: the largest logit difference between the trained model and its `to_untied()` export "
+        + ("" if settings.task else "Llama rows: the same path from a plain `LlamaForCausalLM` teacher, seed 0 alone "
+           "(the workflow, not a comparison). ")
+        + "Export: the largest logit difference between the trained model and its `to_untied()` export "
         "loaded by stock transformers (blank: measured before the column existed).",
         "",
         "Teacher test loss by seed before uptraining: " + ", ".join(f"{family} seed {seed}: {loss:.3f}" for family, seed, loss in teacher),
@@ -100,9 +117,32 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
             f"{row['distinct_blocks']} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} | {row['train_seconds']:.0f} | "
             f"{_export_cell(row['export_logit_difference'])} |"
         )
+    lines += _accuracy_lines(summary["rows"])
     versions = sorted({(run.get("commit"), json.dumps(run.get("versions"))) for run in records})
     lines += ["", "Runs came from: " + "; ".join(f"commit {commit}, {v}" for commit, v in versions), ""]
     return "\n".join(lines)
+
+
+def _accuracy_lines(rows: dict[str, dict]) -> list[str]:
+    """On a task: test accuracy per hop count and its mean over hop counts, paired against the best small row."""
+    measured = {label: row for label, row in rows.items() if "mean_accuracy" in row}
+    if not measured:
+        return []
+    hops = list(next(iter(measured.values()))["accuracy_by_hops"])
+    lines = [
+        "",
+        "Test accuracy per hop count, its mean over hop counts, and the paired difference of that mean against the "
+        "best small row (positive: more accurate):",
+        "",
+        "| row | " + " | ".join(f"{hop} hops" for hop in hops) + " | mean | vs best small |",
+        "|---|" + "---|" * len(hops) + "---|---|",
+    ]
+    for label, row in measured.items():
+        difference = row["accuracy_versus_best_small"]
+        cell = f"{estimate(difference['mean'], difference['half_width'], signed=True)} ({difference['verdict']})" if difference else ""
+        cells = " | ".join(estimate(*row["accuracy_by_hops"][hop]) for hop in hops)
+        lines.append(f"| {label} | {cells} | {estimate(*row['mean_accuracy'])} | {cell} |")
+    return lines
 
 
 def _export_cell(difference: float) -> str:

@@ -24,7 +24,7 @@ from hf_layertie.toolkit.models import load_model, load_tokenizer
 from hf_layertie.trainer import TyingTrainer, TyingTrainingArguments
 
 from .compress import CompressSettings, Row
-from .measure import TOKENIZER, RunMeter, build_model, process_peak_bytes, study_blocks
+from .measure import TOKENIZER, RunMeter, build_model, hop_accuracy, process_peak_bytes, study_blocks, task_data
 
 # Each family's teacher, saved as a plain transformers checkpoint (`to_untied()`): conversions load it as users load
 # theirs (`load_model`, as `run_clm.py --model_name_or_path` does).
@@ -45,8 +45,11 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
     """Train and measure `row` for `seed`; the teacher of the seed is trained first if it is not there yet."""
     torch.set_num_threads(1)
     datasets.disable_progress_bars()
-    tokenizer = load_tokenizer(TOKENIZER)
-    blocks = study_blocks(tokenizer, settings.block_size, settings.max_test_blocks)
+    if settings.task is not None:
+        tokenizer, blocks = task_data(settings.task, settings.block_size)
+    else:
+        tokenizer = load_tokenizer(TOKENIZER)
+        blocks = study_blocks(tokenizer, settings.block_size, settings.max_test_blocks)
     teacher = seed_dir / TEACHER_DIRS[row.model_type]
     # A teacher is there when its weights and its result are (a fresh clone has the result alone: train it again).
     if row.start != "scratch" and not all((teacher / name).is_file() for name in ("teacher_result.json", "model.safetensors")):
@@ -82,6 +85,8 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
     train_seconds = trainer.train().metrics["train_runtime"]
     peak_bytes, peak_kind = process_peak_bytes()
     losses = {split: trainer.evaluate(eval_dataset=blocks[split], metric_key_prefix=split)[f"{split}_loss"] for split in ("validation", "test")}
+    accuracy = hop_accuracy(model, blocks) if settings.task is not None else {}
+    teacher_result = json.loads((teacher / "teacher_result.json").read_text()) if not scratch else None
     return {
         "label": row.label,
         "seed": seed,
@@ -101,12 +106,14 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
         "trainable_parameters": model.parameter_counts().trainable,
         "validation_loss": losses["validation"],
         "test_loss": losses["test"],
-        "teacher_test_loss": json.loads((teacher / "teacher_result.json").read_text())["test_loss"] if not scratch else None,
+        "teacher_test_loss": None if scratch else teacher_result["test_loss"],
+        "teacher_mean_accuracy": None if scratch else teacher_result.get("mean_accuracy"),
         "peak_state_bytes": meter.peak_state_bytes,
         "peak_process_bytes": peak_bytes,
         "peak_process_kind": peak_kind,
         "train_seconds": train_seconds,
         "export_logit_difference": _export_logit_difference(model, blocks["test"], run_dir / "export"),
+        **accuracy,
     }
 
 
@@ -199,5 +206,8 @@ def _train_teacher(settings: CompressSettings, model_type: str, seed: int, block
     model.to_untied().save_pretrained(teacher)
     test_loss = trainer.evaluate(eval_dataset=blocks["test"], metric_key_prefix="test")["test_loss"]
     temporary = teacher / "teacher_result.json.tmp"
-    temporary.write_text(json.dumps({"test_loss": test_loss, "steps": settings.teacher_steps}))
+    record = {"test_loss": test_loss, "steps": settings.teacher_steps}
+    if settings.task is not None:
+        record["mean_accuracy"] = hop_accuracy(model, blocks)["mean_accuracy"]
+    temporary.write_text(json.dumps(record))
     os.replace(temporary, teacher / "teacher_result.json")

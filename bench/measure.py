@@ -114,13 +114,18 @@ def study_blocks(
 def study_data(settings: BenchSettings) -> tuple[PreTrainedTokenizerBase, datasets.DatasetDict]:
     """The tokenizer and train / validation / test splits a study's settings name: the plays in blocks
     (`study_blocks`), or the generated task's examples (the same ones for every seed: seeds vary weights and order)."""
-    if settings.task is None:
-        tokenizer = load_tokenizer(TOKENIZER)
-        blocks = study_blocks(tokenizer, settings.block_size, settings.max_test_blocks, settings.train_works, settings.max_validation_blocks)
-        return tokenizer, blocks
-    name, _, config = settings.task.partition(":")
+    if settings.task is not None:
+        return task_data(settings.task, settings.block_size)
+    tokenizer = load_tokenizer(TOKENIZER)
+    blocks = study_blocks(tokenizer, settings.block_size, settings.max_test_blocks, settings.train_works, settings.max_validation_blocks)
+    return tokenizer, blocks
+
+
+def task_data(task: str, context: int) -> tuple[PreTrainedTokenizerBase, datasets.DatasetDict]:
+    """A generated task's tokenizer and splits from `<name>:<config>` (`--task`), checked to fit `context`."""
+    name, _, config = task.partition(":")
     splits, tokenizer = load_hop_task(name, config, seed=0)
-    check_hop_task_fits(name, splits, settings.block_size, config)
+    check_hop_task_fits(name, splits, context, config)
     return tokenizer, splits
 
 
