@@ -37,7 +37,8 @@ class HopInductionConfig:
         length: letters per example.
         num_letters: the alphabet (`a`, `b`, ...); the authors use 4.
         min_hops, max_hops: each example's `k` is drawn uniformly from min_hops..max_hops.
-        train_examples, eval_examples: rows of the `train` and `validation` splits (different seeds).
+        train_examples, eval_examples: rows of the `train` split, and of each of `validation` and `test` (each
+            split from its own seed).
     """
 
     length: int = 64
