@@ -115,11 +115,15 @@ def write_report(seeds: tuple[int, ...], results_dir: Path = RESULTS) -> Path:
     table = {row.label: _finished(results_dir, row, seeds) for row in ROWS}
     hops = sorted({hop for runs in table.values() for run in runs.values() for hop in run["accuracy_by_hops"]}, key=int)
     summary = {label: _summarise(runs, table[BUDGET.label], hops) for label, runs in table.items() if runs}
+    measured = {label: runs for label, runs in table.items() if runs}
+    # Every pair of rows, row minus column: the tied rows against the ceiling and against each other, too.
+    pairs = {first: {second: paired_difference(measured[first], measured[second], key="mean_accuracy") for second in measured if second != first} for first in measured}
     REPORT.mkdir(parents=True, exist_ok=True)
     records = [run for runs in table.values() for run in runs.values()]
-    (REPORT / "hop_induction.json").write_text(json.dumps({"task": TASK, "steps": STEPS, "rows": summary, "records": records}, indent=2))
+    payload = {"task": TASK, "steps": STEPS, "rows": summary, "pairs": pairs, "records": records}
+    (REPORT / "hop_induction.json").write_text(json.dumps(payload, indent=2))
     _plot(summary, hops, REPORT / "hop_induction.png")
-    (REPORT / "hop_induction.md").write_text(_markdown(summary, hops, records))
+    (REPORT / "hop_induction.md").write_text(_markdown(summary, hops, pairs, records))
     return REPORT / "hop_induction.md"
 
 
@@ -151,7 +155,7 @@ def _summarise(runs: dict[int, dict], budget: dict[int, dict], hops: list[str]) 
     }  # fmt: skip
 
 
-def _markdown(summary: dict, hops: list[str], records: list[dict]) -> str:
+def _markdown(summary: dict, hops: list[str], pairs: dict, records: list[dict]) -> str:
     lines = [
         "# Depth on k-hop induction: untied and tied models at a 2-block memory budget",
         "",
@@ -168,7 +172,7 @@ def _markdown(summary: dict, hops: list[str], records: list[dict]) -> str:
         cells = [estimate(*row["accuracy_by_hops"][hop]) for hop in hops]
         versus = row["versus_budget"]
         difference = versus["mean_accuracy"] if versus else None
-        cell = f"{estimate(difference['mean'], difference['half_width'], signed=True)} ({difference['verdict']})" if difference else ""
+        cell = _difference_cell(difference)
         lines.append(
             f"| {label} | {len(row['seeds'])} | {row['distinct_blocks']} | {row['trainable_parameters']:,} | "
             + " | ".join(cells) + f" | {estimate(*row['mean_accuracy'])} | {cell} | {row['peak_state_bytes'] / 2**20:.2f} | {row['train_seconds']:.0f} |"
@@ -179,9 +183,21 @@ def _markdown(summary: dict, hops: list[str], records: list[dict]) -> str:
             differences = [row["versus_budget"][f"hops_{hop}"] for hop in hops]
             parts = [f"{hop} hops {estimate(d['mean'], d['half_width'], signed=True)}" for hop, d in zip(hops, differences)]
             lines.append(f"- {label}: " + ", ".join(parts))
+    labels = list(pairs)
+    lines += ["", "Every pair, mean accuracy over hop counts, row minus column (paired by seed):", ""]
+    lines += ["| row | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for first in labels:
+        cells = [_difference_cell(pairs[first].get(second)) for second in labels]
+        lines.append(f"| {first} | " + " | ".join(cells) + " |")
     versions = sorted({(run.get("commit"), json.dumps(run.get("versions"))) for run in records})
     lines += ["", "![accuracy per hop count](hop_induction.png)", "", "Runs came from: " + "; ".join(f"commit {c}, {v}" for c, v in versions), ""]
     return "\n".join(lines)
+
+
+def _difference_cell(difference: dict | None) -> str:
+    if difference is None:
+        return ""
+    return f"{estimate(difference['mean'], difference['half_width'], signed=True)} ({difference['verdict']})"
 
 
 def _plot(summary: dict, hops: list[str], path: Path) -> None:
