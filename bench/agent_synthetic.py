@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20, help="Paired problems per scenario (default 20).")
     seeds = parser.parse_args().seeds
     torch.set_num_threads(1)
-    print(f"| scenario | decisions | agent: best map found | random: found | agent / random agreement |\n|---|---|---|---|---|")
+    print("| scenario | decisions | agent: best map found | random: found | agent / random agreement |\n|---|---|---|---|---|")
     for scenario in tqdm(SCENARIOS, desc="Scenarios", leave=False):
         agent = [found_and_agreement(scenario, seed, False) for seed in range(seeds)]
         random = [found_and_agreement(scenario, seed, True) for seed in range(seeds)]

@@ -40,8 +40,7 @@ from transformers import HfArgumentParser
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.provenance import provenance  # noqa: E402
-from hf_layertie.language_modeling.multihop import HOP_TASKS  # noqa: E402
-from bench.settings import REPO_ROOT  # noqa: E402
+from bench.settings import REPO_ROOT, check_task, fingerprint  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -63,11 +62,7 @@ class CompressSettings:
     task: str | None = None  # a generated task instead of the plays (`bench/settings.py`, BenchSettings.task)
 
     def fingerprint(self) -> str:
-        """Everything but the seeds; `task` only when set (the runs recorded before it existed stay valid)."""
-        fields = {key: value for key, value in dataclasses.asdict(self).items() if key != "seeds"}
-        if fields["task"] is None:
-            del fields["task"]
-        return json.dumps(fields)
+        return fingerprint(self, scheduling=("seeds",))
 
 
 PRESETS = {
@@ -177,8 +172,7 @@ class CompressArguments:
                 raise ValueError(f"--seeds {self.seeds!r}: expected comma-separated non-negative integers, e.g. '0,1'")
             settings = dataclasses.replace(settings, seeds=tuple(int(part) for part in parts))
         if self.task is not None:
-            if self.task.partition(":")[0] not in HOP_TASKS:
-                raise ValueError(f"--task {self.task!r}: expected '<name>:<config>' with a name among {', '.join(sorted(HOP_TASKS))}")
+            check_task(self.task)
             settings = dataclasses.replace(settings, task=self.task)
         return settings
 
@@ -186,9 +180,10 @@ class CompressArguments:
         return Path(self.results_dir) if self.results_dir else REPO_ROOT / "bench" / "results" / f"compress-{self.preset}"
 
     def report(self) -> Path:
+        """docs/compress[/<preset>] for the presets' own runs; beside the runs for tiny, another results dir or task."""
         if self.report_dir:
             return Path(self.report_dir)
-        if self.preset == "tiny":
+        if self.preset == "tiny" or self.results_dir or self.task is not None:
             return self.output()
         return REPO_ROOT / "docs" / "compress" / ("" if self.preset == "default" else self.preset)
 
@@ -217,6 +212,10 @@ def main() -> None:
 
 
 def _claim(output: Path, settings: CompressSettings) -> None:
+    if settings.task is not None:
+        from bench.measure import task_data
+
+        task_data(settings.task, settings.block_size)  # a bad config, or a task too long for the context, fails here
     output.mkdir(parents=True, exist_ok=True)
     settings_file = output / "settings.json"
     if settings_file.is_file() and json.loads(settings_file.read_text())["fingerprint"] != settings.fingerprint():

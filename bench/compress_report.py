@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 from .compress import CompressSettings, Row
-from .report import estimate, interval, paired_difference
+from .report import accuracy_summary, estimate, interval, paired_difference, verdict_cell
 
 MIB = 2**20
 
@@ -51,15 +51,15 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]]) -> dict:
 
 
 def _accuracy(runs: dict[int, dict], baseline: dict[int, dict] | None) -> dict:
-    """On a task: the test accuracy's mean over hop counts, per hop count, and its paired difference to the best
-    small row."""
-    if not all("mean_accuracy" in run for run in runs.values()):
+    """On a task: `accuracy_summary`, and the mean's paired difference to the best small row."""
+    summary = accuracy_summary(runs)
+    if summary is None:
         return {}
-    hops = sorted(next(iter(runs.values()))["accuracy_by_hops"], key=int)
+    compared = baseline is not None and accuracy_summary(baseline) is not None
     return {
-        "mean_accuracy": interval([run["mean_accuracy"] for run in runs.values()]),
-        "accuracy_by_hops": {hop: interval([run["accuracy_by_hops"][hop] for run in runs.values()]) for hop in hops},
-        "accuracy_versus_best_small": paired_difference(runs, baseline, key="mean_accuracy") if baseline else None,
+        "mean_accuracy": summary["mean_accuracy"],
+        "accuracy_by_hops": summary["by_hops"],
+        "accuracy_versus_best_small": paired_difference(runs, baseline, key="mean_accuracy") if compared else None,
     }
 
 
@@ -111,7 +111,7 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
     ]
     for label, row in summary["rows"].items():
         difference = row["versus_best_small"]
-        cell = f"{estimate(difference['mean'], difference['half_width'], signed=True)} ({difference['verdict']})" if difference else ""
+        cell = verdict_cell(difference)
         lines.append(
             f"| {label} | {len(row['seeds'])} | {estimate(row['test_loss'], row['test_loss_half_width'])} | {cell} | "
             f"{row['distinct_blocks']} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} | {row['train_seconds']:.0f} | "
@@ -138,8 +138,7 @@ def _accuracy_lines(rows: dict[str, dict]) -> list[str]:
         "|---|" + "---|" * len(hops) + "---|---|",
     ]
     for label, row in measured.items():
-        difference = row["accuracy_versus_best_small"]
-        cell = f"{estimate(difference['mean'], difference['half_width'], signed=True)} ({difference['verdict']})" if difference else ""
+        cell = verdict_cell(row["accuracy_versus_best_small"])
         cells = " | ".join(estimate(*row["accuracy_by_hops"][hop]) for hop in hops)
         lines.append(f"| {label} | {cells} | {estimate(*row['mean_accuracy'])} | {cell} |")
     return lines

@@ -20,11 +20,11 @@ from transformers import AutoModelForCausalLM, default_data_collator, set_seed
 from hf_layertie import TiedGPT2LMHeadModel
 from hf_layertie.block_similarity import block_angular_distances, similarity_tying_map
 from hf_layertie.decisions import DECISIONS
-from hf_layertie.toolkit.models import load_model, load_tokenizer
+from hf_layertie.toolkit.models import load_model
 from hf_layertie.trainer import TyingTrainer, TyingTrainingArguments
 
 from .compress import CompressSettings, Row
-from .measure import TOKENIZER, RunMeter, build_model, hop_accuracy, process_peak_bytes, study_blocks, task_data
+from .measure import RunMeter, build_model, hop_accuracy, process_peak_bytes, study_data
 
 # Each family's teacher, saved as a plain transformers checkpoint (`to_untied()`): conversions load it as users load
 # theirs (`load_model`, as `run_clm.py --model_name_or_path` does).
@@ -45,11 +45,7 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
     """Train and measure `row` for `seed`; the teacher of the seed is trained first if it is not there yet."""
     torch.set_num_threads(1)
     datasets.disable_progress_bars()
-    if settings.task is not None:
-        tokenizer, blocks = task_data(settings.task, settings.block_size)
-    else:
-        tokenizer = load_tokenizer(TOKENIZER)
-        blocks = study_blocks(tokenizer, settings.block_size, settings.max_test_blocks)
+    tokenizer, blocks = study_data(settings.block_size, settings.max_test_blocks, task=settings.task)
     teacher = seed_dir / TEACHER_DIRS[row.model_type]
     # A teacher is there when its weights and its result are (a fresh clone has the result alone: train it again).
     if row.start != "scratch" and not all((teacher / name).is_file() for name in ("teacher_result.json", "model.safetensors")):

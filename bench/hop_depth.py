@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.provenance import provenance  # noqa: E402
-from bench.report import estimate, interval, paired_difference  # noqa: E402
+from bench.report import accuracy_summary, estimate, paired_difference, verdict_cell  # noqa: E402
+from hf_layertie import resolve_tying_map  # noqa: E402
 from bench.settings import REPO_ROOT  # noqa: E402
 
 TASK = "length=64,max_hops=4"
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4", help="Comma-separated seeds.")
     parser.add_argument("--jobs", type=int, default=1, help="Runs at once (each uses one thread).")
     parser.add_argument("--results_dir", type=Path, default=RESULTS, help="Where each run's result.json goes.")
+    parser.add_argument("--report_dir", type=Path, default=REPORT, help="Where hop_induction.{md,json,png} go.")
     parser.add_argument("--report_only", action="store_true", help="Write the report from finished runs; train nothing.")
     args = parser.parse_args()
     try:
@@ -70,12 +72,14 @@ def main() -> None:
     except ValueError:
         parser.error(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. '0,1,2'")
     failures = [] if args.report_only else _run_all(seeds, args.jobs, args.results_dir)
-    print(f"Report: {write_report(seeds, args.results_dir)}")
+    print(f"Report: {write_report(seeds, args.results_dir, args.report_dir)}")
     if failures:
         sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
 
 
 def _run_all(seeds: tuple[int, ...], jobs: int, results_dir: Path) -> list[str]:
+    for row in ROWS:
+        _finished(results_dir, row, seeds)  # finished runs measured under other settings stop it here
     todo = [(row, seed) for seed in seeds for row in ROWS if not (_run_dir(results_dir, row, seed) / "result.json").is_file()]
     with tqdm(total=len(todo), desc="hop-depth runs", unit="run") as progress, ThreadPoolExecutor(jobs) as pool:
         failures = [failure for failure in pool.map(lambda job: _run(*job, results_dir, progress), todo) if failure]
@@ -111,20 +115,20 @@ def _run(row: Row, seed: int, results_dir: Path, progress) -> str | None:
     return None
 
 
-def write_report(seeds: tuple[int, ...], results_dir: Path = RESULTS) -> Path:
+def write_report(seeds: tuple[int, ...], results_dir: Path = RESULTS, report_dir: Path = REPORT) -> Path:
     table = {row.label: _finished(results_dir, row, seeds) for row in ROWS}
     hops = sorted({hop for runs in table.values() for run in runs.values() for hop in run["accuracy_by_hops"]}, key=int)
     summary = {label: _summarise(runs, table[BUDGET.label], hops) for label, runs in table.items() if runs}
     measured = {label: runs for label, runs in table.items() if runs}
     # Every pair of rows, row minus column: the tied rows against the ceiling and against each other, too.
     pairs = {first: {second: paired_difference(measured[first], measured[second], key="mean_accuracy") for second in measured if second != first} for first in measured}
-    REPORT.mkdir(parents=True, exist_ok=True)
+    report_dir.mkdir(parents=True, exist_ok=True)
     records = [run for runs in table.values() for run in runs.values()]
     payload = {"task": TASK, "steps": STEPS, "rows": summary, "pairs": pairs, "records": records}
-    (REPORT / "hop_induction.json").write_text(json.dumps(payload, indent=2))
-    _plot(summary, hops, REPORT / "hop_induction.png")
-    (REPORT / "hop_induction.md").write_text(_markdown(summary, hops, pairs, records))
-    return REPORT / "hop_induction.md"
+    (report_dir / "hop_induction.json").write_text(json.dumps(payload, indent=2))
+    _plot(summary, hops, report_dir / "hop_induction.png")
+    (report_dir / "hop_induction.md").write_text(_markdown(summary, hops, pairs, records))
+    return report_dir / "hop_induction.md"
 
 
 def _finished(results_dir: Path, row: Row, seeds: tuple[int, ...]) -> dict[int, dict]:
@@ -133,22 +137,29 @@ def _finished(results_dir: Path, row: Row, seeds: tuple[int, ...]) -> dict[int, 
         path = _run_dir(results_dir, row, seed) / "result.json"
         if path.is_file():
             run = json.loads(path.read_text())
+            measured = (run["task"], run["steps"], run["n_layer"], run["tying_map"])
+            expected = (TASK, STEPS, row.n_layer, resolve_tying_map(row.tying_map, row.n_layer).to_list())
+            if measured != expected:
+                raise SystemExit(
+                    f"{path} was measured with task, steps, blocks, map {measured}, not {expected}: delete it or pass "
+                    "another --results_dir"
+                )
             # Flat keys per hop count, for the paired differences.
             runs[seed] = {**run, **{f"accuracy_hops_{hop}": value for hop, value in run["accuracy_by_hops"].items()}}
     return runs
 
 
 def _summarise(runs: dict[int, dict], budget: dict[int, dict], hops: list[str]) -> dict:
-    by_hops = {hop: interval([run["accuracy_by_hops"][hop] for run in runs.values()]) for hop in hops}
+    accuracy = accuracy_summary(runs)
     return {
         "seeds": sorted(runs),
         "distinct_blocks": next(iter(runs.values()))["distinct_blocks"],
         "trainable_parameters": next(iter(runs.values()))["trainable_parameters"],
         "train_seconds": statistics.fmean(run["train_seconds"] for run in runs.values()),
         "peak_state_bytes": max(run["peak_state_bytes"] for run in runs.values()),
-        "mean_accuracy": interval([run["mean_accuracy"] for run in runs.values()]),
-        "accuracy_by_hops": by_hops,
-        "versus_budget": None if runs is budget else {
+        "mean_accuracy": accuracy["mean_accuracy"],
+        "accuracy_by_hops": accuracy["by_hops"],
+        "versus_budget": None if runs is budget or not budget else {
             "mean_accuracy": paired_difference(runs, budget, key="mean_accuracy"),
             **{f"hops_{hop}": paired_difference(runs, budget, key=f"accuracy_hops_{hop}") for hop in hops},
         },
@@ -160,8 +171,9 @@ def _markdown(summary: dict, hops: list[str], pairs: dict, records: list[dict]) 
         "# Depth on k-hop induction: untied and tied models at a 2-block memory budget",
         "",
         f"`python bench/hop_depth.py` (task `{TASK}`, {STEPS} steps; bench/hop_depth.py says how each run is made). "
-        "Accuracy over every position of 500 validation examples per hop count (positions whose hops find no earlier "
-        "letter count, with the answer `~`), mean ± 95% t-interval over seeds; differences paired by seed against "
+        "Accuracy per hop count over every position of the 500 examples of the validation split (the split seed 0's "
+        "first look kept the setting on; positions whose hops find no earlier letter count, with the answer `~`), "
+        "mean ± 95% t-interval over seeds; differences paired by seed against "
         f"**{BUDGET.label}**, the model with the same trainable parameters (so the same training state: parameters, "
         "gradients and AdamW moments) as the tied rows.",
         "",
@@ -172,7 +184,7 @@ def _markdown(summary: dict, hops: list[str], pairs: dict, records: list[dict]) 
         cells = [estimate(*row["accuracy_by_hops"][hop]) for hop in hops]
         versus = row["versus_budget"]
         difference = versus["mean_accuracy"] if versus else None
-        cell = _difference_cell(difference)
+        cell = verdict_cell(difference)
         lines.append(
             f"| {label} | {len(row['seeds'])} | {row['distinct_blocks']} | {row['trainable_parameters']:,} | "
             + " | ".join(cells) + f" | {estimate(*row['mean_accuracy'])} | {cell} | {row['peak_state_bytes'] / 2**20:.2f} | {row['train_seconds']:.0f} |"
@@ -187,17 +199,11 @@ def _markdown(summary: dict, hops: list[str], pairs: dict, records: list[dict]) 
     lines += ["", "Every pair, mean accuracy over hop counts, row minus column (paired by seed):", ""]
     lines += ["| row | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     for first in labels:
-        cells = [_difference_cell(pairs[first].get(second)) for second in labels]
+        cells = [verdict_cell(pairs[first].get(second)) for second in labels]
         lines.append(f"| {first} | " + " | ".join(cells) + " |")
     versions = sorted({(run.get("commit"), json.dumps(run.get("versions"))) for run in records})
     lines += ["", "![accuracy per hop count](hop_induction.png)", "", "Runs came from: " + "; ".join(f"commit {c}, {v}" for c, v in versions), ""]
     return "\n".join(lines)
-
-
-def _difference_cell(difference: dict | None) -> str:
-    if difference is None:
-        return ""
-    return f"{estimate(difference['mean'], difference['half_width'], signed=True)} ({difference['verdict']})"
 
 
 def _plot(summary: dict, hops: list[str], path: Path) -> None:

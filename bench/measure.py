@@ -111,14 +111,24 @@ def study_blocks(
     return blocks
 
 
-def study_data(settings: BenchSettings) -> tuple[PreTrainedTokenizerBase, datasets.DatasetDict]:
-    """The tokenizer and train / validation / test splits a study's settings name: the plays in blocks
-    (`study_blocks`), or the generated task's examples (the same ones for every seed: seeds vary weights and order)."""
-    if settings.task is not None:
-        return task_data(settings.task, settings.block_size)
+def study_data(
+    block_size: int,
+    max_test_blocks: int | None = None,
+    train_works: tuple[str, ...] | None = None,
+    max_validation_blocks: int | None = None,
+    task: str | None = None,
+) -> tuple[PreTrainedTokenizerBase, datasets.DatasetDict]:
+    """The tokenizer and train / validation / test splits: the plays in blocks (`study_blocks`), or the generated
+    `task`'s examples (the same ones for every seed: seeds vary weights and order)."""
+    if task is not None:
+        return task_data(task, block_size)
     tokenizer = load_tokenizer(TOKENIZER)
-    blocks = study_blocks(tokenizer, settings.block_size, settings.max_test_blocks, settings.train_works, settings.max_validation_blocks)
-    return tokenizer, blocks
+    return tokenizer, study_blocks(tokenizer, block_size, max_test_blocks, train_works, max_validation_blocks)
+
+
+def settings_data(settings: BenchSettings) -> tuple[PreTrainedTokenizerBase, datasets.DatasetDict]:
+    """`study_data` as a study's settings size it."""
+    return study_data(settings.block_size, settings.max_test_blocks, settings.train_works, settings.max_validation_blocks, settings.task)
 
 
 def task_data(task: str, context: int) -> tuple[PreTrainedTokenizerBase, datasets.DatasetDict]:
@@ -135,7 +145,7 @@ def count_bigram_test_loss(settings: BenchSettings) -> float | None:
     if settings.task is not None:
         return None
     datasets.disable_progress_bars()
-    tokenizer, blocks = study_data(settings)
+    tokenizer, blocks = settings_data(settings)
     return bigram_loss(blocks["train"]["input_ids"], blocks["test"]["input_ids"], len(tokenizer))
 
 
@@ -195,7 +205,7 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
     if settings.num_threads is not None:
         torch.set_num_threads(settings.num_threads)
     datasets.disable_progress_bars()
-    tokenizer, blocks = study_data(settings)
+    tokenizer, blocks = settings_data(settings)
     memory = spec.kind == "memory"
     args = training_arguments(settings, spec, run_dir)
     set_seed(spec.seed)  # the same initial weights for every strategy of a seed

@@ -81,6 +81,7 @@ def main() -> None:
                 f"mean {scores['mean_accuracy']:.3f} ({time.perf_counter() - started:.0f} s)",
                 flush=True,
             )
+    scores = evaluate_multihop(model, splits["validation"], batch_size=100)  # the trained model, whatever the steps
     if args.result_file:
         result = {**vars(args), "tying_map": tying_map, "distinct_blocks": len(set(tying_map)), **scores}
         result.update(train_seconds=time.perf_counter() - started, trainable_parameters=model.parameter_counts().trainable)

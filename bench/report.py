@@ -158,19 +158,29 @@ def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
     return {"rows": rows, "best_static_at_final_budget": best_static}
 
 
-def _accuracy(runs: dict[int, dict], measured: dict[str, dict[int, dict]], baselines, compared: dict) -> dict | None:
-    """On a task: test accuracy per hop count and its mean over hop counts, and the paired differences of the mean
-    with the baselines the loss is `compared` with."""
-    if not all("mean_accuracy" in run for run in runs.values()):
+def accuracy_summary(runs: dict[int, dict]) -> dict | None:
+    """On a task: the mean accuracy over hop counts and the accuracy per hop count, each (mean, 95% half-width) over
+    seeds; None unless every run has them."""
+    if not runs or not all("mean_accuracy" in run for run in runs.values()):
         return None
     hops = sorted(next(iter(runs.values()))["accuracy_by_hops"], key=int)
+    return {
+        "mean_accuracy": interval([run["mean_accuracy"] for run in runs.values()]),
+        "by_hops": {hop: interval([run["accuracy_by_hops"][hop] for run in runs.values()]) for hop in hops},
+    }
+
+
+def _accuracy(runs: dict[int, dict], measured: dict[str, dict[int, dict]], baselines, compared: dict) -> dict | None:
+    """`accuracy_summary`, and the paired differences of the mean with the baselines the loss is `compared` with."""
+    summary = accuracy_summary(runs)
+    if summary is None:
+        return None
     versus = {
         name: paired_difference(runs, measured[other], key="mean_accuracy")
         for name, other in baselines
-        if name in compared and all("mean_accuracy" in run for run in measured[other].values())
+        if name in compared and accuracy_summary(measured[other]) is not None
     }
-    by_hops = {hop: interval([run["accuracy_by_hops"][hop] for run in runs.values()]) for hop in hops}
-    return {"mean_accuracy": interval([run["mean_accuracy"] for run in runs.values()]), "by_hops": by_hops, "versus": versus}
+    return {**summary, "versus": versus}
 
 
 def _selected(runs: dict[int, dict], measured: dict[str, dict[int, dict]], baselines) -> dict | None:
@@ -212,6 +222,11 @@ def _cell(difference: dict | None) -> str:
     if difference is None:
         return ""
     return estimate(difference["mean"], difference["half_width"], signed=True)
+
+
+def verdict_cell(difference: dict | None) -> str:
+    """A paired difference with its verdict, e.g. `+0.116 ± 0.051 (higher)`; blank for none."""
+    return f"{_cell(difference)} ({difference['verdict']})" if difference else ""
 
 
 def _hardware(settings: BenchSettings) -> str:
@@ -279,7 +294,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
             continue
         versus = row["versus"]
         lines.append(
-            f"| {label} | {len(row['seeds'])} | {row['test_loss']:.3f} ± {row['test_loss_half_width']:.3f} | {row['test_perplexity']:.1f} "
+            f"| {label} | {len(row['seeds'])} | {estimate(row['test_loss'], row['test_loss_half_width'])} | {row['test_perplexity']:.1f} "
             f"| {row['distinct_final']:.1f} / {row['distinct_mean']:.1f} / {row['distinct_peak']} "
             f"| {_cell(versus.get('none'))} | {_cell(versus.get('untied U'))} | {_cell(versus.get('random'))} "
             f"| {_cell(versus.get('best static'))} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} "
@@ -322,7 +337,7 @@ def _selection_lines(settings: BenchSettings, rows: dict[str, dict]) -> list[str
             continue
         versus = selected["versus"]
         lines.append(
-            f"| {label} | {selected['test_loss']:.3f} ± {selected['test_loss_half_width']:.3f} | {selected['best_validation_step']:.0f} "
+            f"| {label} | {estimate(selected['test_loss'], selected['test_loss_half_width'])} | {selected['best_validation_step']:.0f} "
             f"| {_cell(versus.get('none'))} | {_cell(versus.get('untied U'))} | {_cell(versus.get('random'))} | {_cell(versus.get('dlt'))} |"
         )
     return lines
@@ -436,6 +451,8 @@ def _plot_accuracy(rows: dict[str, dict], runs: dict[str, dict[int, dict]], path
     """Test accuracy against hop count with its interval, one line per strategy (a label whose runs are another's
     is left out)."""
     shown = [label for label, row in rows.items() if row["accuracy"] and _same_runs_as(label, runs) is None]
+    if not shown:  # no study run has finished yet
+        return
     figure, axes = plt.subplots(figsize=(8, 5))
     for index, label in enumerate(shown):
         by_hops = rows[label]["accuracy"]["by_hops"]

@@ -25,7 +25,7 @@ from transformers import HfArgumentParser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.measure import count_bigram_test_loss, run  # noqa: E402
+from bench.measure import count_bigram_test_loss, run, task_data  # noqa: E402
 from bench.report import load_result, read_learning_rates, write_learning_rates, write_report  # noqa: E402
 from bench.settings import (  # noqa: E402
     BenchArguments,
@@ -81,6 +81,8 @@ def claim_results_dir(output: Path, settings: BenchSettings) -> None:
                 "or delete that folder to start over"
             )
         return
+    if settings.task is not None:
+        task_data(settings.task, settings.block_size)  # a bad config, or a task too long for the context, fails here
     baselines = {"bigram_test_loss": count_bigram_test_loss(settings)}  # also fills the tokenization cache
     settings_file.write_text(json.dumps({"fingerprint": settings.fingerprint(), "baselines": baselines}, indent=2))
 

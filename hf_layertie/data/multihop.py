@@ -174,7 +174,7 @@ def multihop_example(config: MultiHopConfig, rng: random.Random) -> tuple[list[s
 
 
 def multihop_datasets(config: MultiHopConfig, seed: int = 0) -> datasets.DatasetDict:
-    """`train` and `validation` splits of tokenized examples, right-padded to `config.sequence_length`: `input_ids`,
+    """`train`, `validation` and `test` splits (each from its own seed) of tokenized examples, right-padded to `config.sequence_length`: `input_ids`,
     `attention_mask`, `labels` (the answers, -100 elsewhere) and `answer_hops`."""
     tokenizer = multihop_tokenizer(config)
     vocabulary = tokenizer.get_vocab()
@@ -197,5 +197,6 @@ def multihop_datasets(config: MultiHopConfig, seed: int = 0) -> datasets.Dataset
         {
             "train": datasets.Dataset.from_dict(rows(config.train_examples, seed)),
             "validation": datasets.Dataset.from_dict(rows(config.eval_examples, seed + 1_000_003)),
+            "test": datasets.Dataset.from_dict(rows(config.eval_examples, seed + 2_000_006)),
         }
     )
