@@ -2,6 +2,7 @@
 
     python bench/compress.py --preset tiny      # smoke test, about 2 minutes
     python bench/compress.py                    # the CPU comparison, about 35 minutes per seed on one core
+    python bench/compress.py --jobs 2           # two runs side by side (a seed's teacher first, then its rows)
     python bench/compress.py --seeds 0,1        # some seeds now, the others later (finished runs are kept)
     python bench/compress.py --preset depth     # the same on k-hop induction, where depth matters (4 blocks to 2)
 
@@ -27,10 +28,12 @@ the same path from a plain `LlamaForCausalLM` teacher of the same sizes: the wor
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,7 +163,12 @@ class CompressArguments:
     results_dir: str | None = field(default=None, metadata={"help": "Default: bench/results/compress-<preset>."})
     report_dir: str | None = field(default=None, metadata={"help": "Default: docs/compress (preset default), else the results dir."})
     report_only: bool = field(default=False, metadata={"help": "Write the report from finished runs; train nothing."})
+    jobs: int = field(default=1, metadata={"help": "Runs side by side, each a single-threaded process (CPU)."})
     single_run: str | None = field(default=None, metadata={"help": "Internal: the row label and seed this process runs."})
+
+    def __post_init__(self):
+        if self.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
 
     def settings(self) -> CompressSettings:
         if self.preset not in PRESETS:
@@ -203,7 +211,7 @@ def main() -> None:
         os.replace(temporary, run_dir / "result.json")  # a result file is always complete
         return
     _claim(output, settings)
-    failures = [] if args.report_only else _run_all(settings, output)
+    failures = [] if args.report_only else _run_all(settings, output, args.jobs)
     from bench.compress_report import write_report
 
     print(f"\nReport: {write_report(settings, plan(settings), output, args.report())}")
@@ -223,25 +231,44 @@ def _claim(output: Path, settings: CompressSettings) -> None:
     settings_file.write_text(json.dumps({"fingerprint": settings.fingerprint()}, indent=2))
 
 
-def _run_all(settings: CompressSettings, output: Path) -> list[str]:
+def _run_all(settings: CompressSettings, output: Path, jobs: int) -> list[str]:
+    """Every row and seed without a result, `jobs` single-threaded processes side by side. A seed's teacher is
+    trained once, by the first row of its family that starts from it; the family's other such rows wait for it."""
     rows, failures = plan(settings), []
     todo = [(row, seed) for seed in settings.seeds for row in rows if row.seeds is None or seed in row.seeds]
-    with tqdm(total=len(todo), desc="Compression runs", unit="run") as progress:
-        for row, seed in todo:
-            run_dir = output / f"seed{seed}" / row.directory
-            if not (run_dir / "result.json").is_file():
-                run_dir.mkdir(parents=True, exist_ok=True)
-                command = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--single_run", json.dumps([row.label, seed])]
-                with open(run_dir / "log.txt", "w") as log:
-                    code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-                if code != 0:
-                    failures.append(f"{row.label} seed {seed} (exit code {code}): {run_dir / 'log.txt'}")
-                    progress.update()
-                    continue
-                result = json.loads((run_dir / "result.json").read_text())
-                progress.write(f"seed {seed} {row.label}: test loss {result['test_loss']:.4f}, {result['train_seconds']:.0f} s")
+    first: dict[tuple[int, str], tuple[Row, int]] = {}
+    for row, seed in todo:
+        if row.start != "scratch":
+            first.setdefault((seed, row.model_type), (row, seed))
+    waiting = [item for item in todo if item[0].start != "scratch" and item not in first.values()]
+    with tqdm(total=len(todo), desc="Compression runs", unit="run") as progress, ThreadPoolExecutor(jobs) as pool:
+        run = functools.partial(_run_one, settings, output, progress)
+        failures += [failure for failure in pool.map(run, [item for item in todo if item not in waiting]) if failure]
+        failed = {(seed, row.model_type) for row, seed in first.values() if not (output / f"seed{seed}" / row.directory / "result.json").is_file()}
+        for row, seed in [item for item in waiting if (item[1], item[0].model_type) in failed]:
+            failures.append(f"{row.label} seed {seed}: not run, the run that trains its teacher failed")
             progress.update()
+        ready = [item for item in waiting if (item[1], item[0].model_type) not in failed]
+        failures += [failure for failure in pool.map(run, ready) if failure]
     return failures
+
+
+def _run_one(settings: CompressSettings, output: Path, progress: tqdm, item: tuple[Row, int]) -> str | None:
+    """Run one row for one seed in its own process unless its result is there; a failure's message, or None."""
+    row, seed = item
+    run_dir = output / f"seed{seed}" / row.directory
+    if not (run_dir / "result.json").is_file():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--single_run", json.dumps([row.label, seed])]
+        with open(run_dir / "log.txt", "w") as log:
+            code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if code != 0:
+            progress.update()
+            return f"{row.label} seed {seed} (exit code {code}): {run_dir / 'log.txt'}"
+        result = json.loads((run_dir / "result.json").read_text())
+        progress.write(f"seed {seed} {row.label}: test loss {result['test_loss']:.4f}, {result['train_seconds']:.0f} s")
+    progress.update()
+    return None
 
 
 if __name__ == "__main__":

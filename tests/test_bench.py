@@ -212,7 +212,7 @@ def test_compress_runs_every_row_at_the_budget_and_a_rerun_trains_nothing(tmp_pa
     from bench.compress import plan
 
     settings = COMPRESS_PRESETS["tiny"]
-    completed = _compress(tmp_path)
+    completed = _compress(tmp_path, "--jobs", "2")  # the teacher first, then its rows side by side
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     report = json.loads((tmp_path / "results.json").read_text())
     records = {record["label"]: record for record in report["records"]}
@@ -237,6 +237,21 @@ def test_compress_runs_every_row_at_the_budget_and_a_rerun_trains_nothing(tmp_pa
     rerun = _compress(tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert sorted(path.stat().st_mtime_ns for path in tmp_path.glob("**/result.json")) == written
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        ({"jobs": 0}, "--jobs must be >= 1, got 0"),
+        ({"seeds": "1,a"}, "--seeds '1,a'"),
+        ({"preset": "huge"}, "--preset 'huge': expected one of tiny, default, depth"),
+    ],
+)
+def test_bad_compress_flags_are_named(flags, named):
+    from bench.compress import CompressArguments
+
+    with pytest.raises(ValueError, match=named):
+        CompressArguments(**flags).settings()
 
 
 def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss(tmp_path):
