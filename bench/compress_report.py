@@ -8,7 +8,7 @@ import math
 import statistics
 from pathlib import Path
 
-from .compress import CompressSettings, Row
+from .compress import PRESETS, CompressSettings, Row
 from .report import accuracy_summary, estimate, interval, paired_difference, verdict_cell
 
 MIB = 2**20
@@ -80,6 +80,12 @@ def write_report(settings: CompressSettings, rows: list[Row], output: Path, repo
     return report_dir / "results.md"
 
 
+def _command(settings: CompressSettings) -> str:
+    """The command that reruns these settings: the preset they are, or the default one with them spelled out."""
+    name = next((name for name, preset in PRESETS.items() if preset.fingerprint() == settings.fingerprint()), None)
+    return "python bench/compress.py" + ("" if name in (None, "default") else f" --preset {name}")
+
+
 def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) -> str:
     teacher = sorted({
         (run.get("model_type", "tied_gpt2").removeprefix("tied_"), run["seed"], run["teacher_test_loss"])
@@ -89,7 +95,7 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
     lines = [
         "# Compressing a trained model by tying: the measured comparison",
         "",
-        f"`python bench/compress.py` (settings: {json.dumps(json.loads(settings.fingerprint()))}). GPT-2 of "
+        f"`{_command(settings)}` (settings: {json.dumps(json.loads(settings.fingerprint()))}). GPT-2 of "
         f"{settings.n_layer} x {settings.n_embd} trained {settings.teacher_steps} steps (the teacher), then every row "
         f"{settings.uptrain_steps} uptraining steps of {settings.batch_size} x {settings.block_size} tokens at most "
         f"{settings.distinct_blocks} blocks owning weights. "

@@ -77,8 +77,9 @@ class TyingTrainingArguments(TrainingArguments):
     tie_init (`str`, static, similarity, dlt and random, defaults to `"root"`):
         How each group of the strategy's first map (`static:<spec>`'s map, `similarity:U`'s, `tying_initial_map`)
         starts from the weights the model has then: `"root"`, those its first block used; `"mean"`, the average
-        of those its blocks used. Converting a trained model (README, "Compressing a trained model"). Later
-        decisions always share the weights of the block they tie to, as in the paper.
+        of those its blocks used. Converting a trained model, use `"mean"`: never worse than `"root"` in the
+        measured comparisons (README, "Compressing a trained model"); from scratch, `"root"` keeps the initial
+        weights' scale. Later decisions always share the weights of the block they tie to, as in the paper.
     lora_rank (`int`, static and similarity):
         Relaxed ties: once the strategy's map is applied, every block position gets a LoRA of this rank on each of
         its linear layers (PEFT), trained together with the shared weights, so positions that share weights can
