@@ -8,8 +8,13 @@ import math
 import statistics
 from pathlib import Path
 
-from .compress import PRESETS, CompressSettings, Row
-from .report import accuracy_summary, estimate, interval, paired_difference, verdict_cell
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .compress import PRESETS, CompressSettings, Row  # noqa: E402
+from .report import accuracy_summary, estimate, interval, paired_difference, verdict_cell  # noqa: E402
 
 MIB = 2**20
 
@@ -77,7 +82,38 @@ def write_report(settings: CompressSettings, rows: list[Row], output: Path, repo
     payload = {"settings": json.loads(settings.fingerprint()), "seeds": list(settings.seeds), **summary, "records": records}
     (report_dir / "results.json").write_text(json.dumps(payload, indent=2))
     (report_dir / "results.md").write_text(_markdown(settings, summary, records))
+    _plot(rows, summary, report_dir / "results.png")
     return report_dir / "results.md"
+
+
+def _plot(plan_rows: list[Row], summary: dict, path: Path) -> None:
+    """Each row's quality (mean accuracy on a task, else test loss) with its 95% interval, coloured by its training
+    state, and across each family's rows its best small row's value: what beats training small at the same memory."""
+    rows = summary["rows"]
+    on_task = all("mean_accuracy" in row for row in rows.values())
+    labels = list(rows)
+    values = [rows[label]["mean_accuracy"] if on_task else (rows[label]["test_loss"], rows[label]["test_loss_half_width"]) for label in labels]
+    states = sorted({round(rows[label]["peak_state_mib"], 2) for label in labels})
+    colours = {state: plt.get_cmap("viridis")(index / max(1, len(states) - 1)) for index, state in enumerate(states)}
+    figure, axes = plt.subplots(figsize=(9, 0.32 * len(labels) + 1.5))
+    for index, (label, (mean, half)) in enumerate(zip(labels, values)):
+        colour = colours[round(rows[label]["peak_state_mib"], 2)]
+        axes.errorbar(mean, index, xerr=0 if math.isnan(half) else half, fmt="o", color=colour, capsize=3)
+    for state, colour in colours.items():
+        axes.plot([], [], "o", color=colour, label=f"{state:.2f} MiB of training state")
+    for family, label in summary["best_small"].items():
+        if label in rows:
+            span = [labels.index(row.label) for row in plan_rows if row.model_type == family and row.label in rows]
+            axes.vlines(values[labels.index(label)][0], min(span) - 0.4, max(span) + 0.4, color="grey", linestyle="--", linewidth=1)
+    axes.set_yticks(range(len(labels)), labels, fontsize=7)
+    axes.invert_yaxis()
+    axes.set_xlabel(("test accuracy, mean over hop counts" if on_task else "test loss (nats/token)") + ", mean ± 95% interval")
+    better = "higher" if on_task else "lower"
+    axes.set_title(f"Compressing a trained model ({better} is better; dashed: the best way of training small)", fontsize=9)
+    axes.legend(fontsize=7, loc="best")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def _command(settings: CompressSettings) -> str:

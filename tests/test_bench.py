@@ -217,6 +217,7 @@ def test_compress_runs_every_row_at_the_budget_and_a_rerun_trains_nothing(tmp_pa
     report = json.loads((tmp_path / "results.json").read_text())
     records = {record["label"]: record for record in report["records"]}
     assert set(records) == {row.label for row in plan(settings)}
+    assert (tmp_path / "results.png").stat().st_size > 0  # the rows against the best way of training small
     for label, record in records.items():
         assert COMPRESS_FIELDS <= record.keys(), label
         assert math.isfinite(record["test_loss"])
