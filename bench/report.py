@@ -306,17 +306,29 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
         tuning = payload["learning_rates"]
         chosen = ", ".join(f"{label} {rate:g}" for label, rate in tuning["chosen"].items())
         lines += ["", f"Learning rates chosen on validation loss (seed {tuning['seed']}, grid {tuning['grid']}): {chosen}."]
-    lines += ["", "Paired verdicts (test loss, 95% interval):", ""]
+    lines += ["", "Paired verdicts (test loss" + (" and mean accuracy" if settings.task else "") + ", 95% interval):", ""]
     # DLT's final map from scratch against DLT: whether the maps or the moving between them cost the quality.
     for label in ("dlt", "dlt (paper agent)", FINAL_MAP_LABEL, RANDOM_FINAL_MAP_LABEL):
+        accuracy_versus = (rows.get(label, {}).get("accuracy") or {}).get("versus", {})
         for name, difference in rows.get(label, {}).get("versus", {}).items():
             if difference is not None:
-                lines.append(f"- {label} vs {name}: {difference['verdict']} ({_cell(difference)} nats, {difference['seeds']} seeds)")
+                lines.append(
+                    f"- {label} vs {name}: {difference['verdict']} ({_cell(difference)} nats, {difference['seeds']} seeds)"
+                    + _accuracy_verdict(accuracy_versus.get(name))
+                )
     lines += _overhead_lines(payload["runs"].get("dlt", {}))
     lines += _memory_lines(payload["memory"])
     sources = sorted({source for row in rows.values() for source in row["provenance"]} | {_provenance(run) for run in payload["memory"]})
     lines += ["", "Runs came from: " + "; ".join(sources) + ("" if len(sources) == 1 else " (MIXED: rerun the rows before comparing them)")]
     return "\n".join(lines) + "\n"
+
+
+def _accuracy_verdict(difference: dict | None) -> str:
+    """On a task, the same contrast in mean accuracy (what the task is judged by; higher is better)."""
+    if difference is None:
+        return ""
+    verdict = {"higher": "more accurate", "lower": "less accurate"}.get(difference["verdict"], difference["verdict"])
+    return f"; accuracy: {verdict} ({_cell(difference)})"
 
 
 def _selection_lines(settings: BenchSettings, rows: dict[str, dict]) -> list[str]:

@@ -166,6 +166,7 @@ def test_a_study_on_a_task_reports_accuracy_per_hop_count_for_every_strategy(tmp
     assert results["runs"]["cycle @ U"]["0"]["final_map"] == [0, 1, 0, 1]
     table = (tmp_path / "results.md").read_text()
     assert "| strategy | 1 hops | 2 hops | mean |" in table and "Count bigram" not in table
+    assert "- dlt vs untied U: one seed: no interval yet" in table and "; accuracy: one seed: no interval yet" in table
     assert matplotlib.image.imread(tmp_path / "accuracy_by_hops.png").shape[0] > 100
 
 
