@@ -28,12 +28,8 @@ the same path from a plain `LlamaForCausalLM` teacher of the same sizes: the wor
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-import os
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +39,7 @@ from transformers import HfArgumentParser
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.provenance import provenance  # noqa: E402
+from bench.scheduling import Job, run_jobs, single_run_command, write_complete  # noqa: E402
 from bench.settings import REPO_ROOT, check_task, fingerprint  # noqa: E402
 
 
@@ -67,6 +64,10 @@ class CompressSettings:
     def fingerprint(self) -> str:
         return fingerprint(self, scheduling=("seeds",))
 
+
+# Each family's teacher, saved in its seed's folder as a plain transformers checkpoint (`to_untied()`): conversions
+# load it as users load theirs (`load_model`, as `run_clm.py --model_name_or_path` does).
+TEACHER_DIRS = {"tied_gpt2": "teacher-model", "tied_llama": "teacher-llama"}
 
 PRESETS = {
     "tiny": CompressSettings(
@@ -166,21 +167,23 @@ class CompressArguments:
     jobs: int = field(default=1, metadata={"help": "Runs side by side, each a single-threaded process (CPU)."})
     single_run: str | None = field(default=None, metadata={"help": "Internal: the row label and seed this process runs."})
 
-    def __post_init__(self):
-        if self.jobs < 1:
-            raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
-
-    def settings(self) -> CompressSettings:
+    def __post_init__(self) -> None:
+        """Every flag checked before anything runs, each error naming its flag."""
         if self.preset not in PRESETS:
             raise ValueError(f"--preset {self.preset!r}: expected one of {', '.join(PRESETS)}")
-        settings = PRESETS[self.preset]
+        if self.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
         if self.seeds is not None:
             parts = [part.strip() for part in self.seeds.split(",") if part.strip()]
             if not parts or not all(part.isdecimal() for part in parts):
                 raise ValueError(f"--seeds {self.seeds!r}: expected comma-separated non-negative integers, e.g. '0,1'")
-            settings = dataclasses.replace(settings, seeds=tuple(int(part) for part in parts))
+        check_task(self.task)
+
+    def settings(self) -> CompressSettings:
+        settings = PRESETS[self.preset]
+        if self.seeds is not None:
+            settings = dataclasses.replace(settings, seeds=tuple(int(part) for part in self.seeds.split(",") if part.strip()))
         if self.task is not None:
-            check_task(self.task)
             settings = dataclasses.replace(settings, task=self.task)
         return settings
 
@@ -205,10 +208,7 @@ def main() -> None:
         label, seed = json.loads(args.single_run)
         row = next(row for row in plan(settings) if row.label == label)
         run_dir = output / f"seed{seed}" / row.directory
-        result = {**run_row(settings, row, seed, run_dir, output / f"seed{seed}"), **provenance()}
-        temporary = run_dir / "result.json.tmp"
-        temporary.write_text(json.dumps(result, indent=2))
-        os.replace(temporary, run_dir / "result.json")  # a result file is always complete
+        write_complete(run_dir / "result.json", {**run_row(settings, row, seed, run_dir, output / f"seed{seed}"), **provenance()})
         return
     _claim(output, settings)
     failures = [] if args.report_only else _run_all(settings, output, args.jobs)
@@ -232,43 +232,71 @@ def _claim(output: Path, settings: CompressSettings) -> None:
 
 
 def _run_all(settings: CompressSettings, output: Path, jobs: int) -> list[str]:
-    """Every row and seed without a result, `jobs` single-threaded processes side by side. A seed's teacher is
-    trained once, by the first row of its family that starts from it; the family's other such rows wait for it."""
-    rows, failures = plan(settings), []
-    todo = [(row, seed) for seed in settings.seeds for row in rows if row.seeds is None or seed in row.seeds]
-    first: dict[tuple[int, str], tuple[Row, int]] = {}
-    for row, seed in todo:
-        if row.start != "scratch":
-            first.setdefault((seed, row.model_type), (row, seed))
-    waiting = [item for item in todo if item[0].start != "scratch" and item not in first.values()]
-    with tqdm(total=len(todo), desc="Compression runs", unit="run") as progress, ThreadPoolExecutor(jobs) as pool:
-        run = functools.partial(_run_one, settings, output, progress)
-        failures += [failure for failure in pool.map(run, [item for item in todo if item not in waiting]) if failure]
-        failed = {(seed, row.model_type) for row, seed in first.values() if not (output / f"seed{seed}" / row.directory / "result.json").is_file()}
-        for row, seed in [item for item in waiting if (item[1], item[0].model_type) in failed]:
-            failures.append(f"{row.label} seed {seed}: not run, the run that trains its teacher failed")
-            progress.update()
-        ready = [item for item in waiting if (item[1], item[0].model_type) not in failed]
-        failures += [failure for failure in pool.map(run, ready) if failure]
-    return failures
+    """Every row and seed without a result, seed by seed, `jobs` single-threaded processes side by side."""
+    todo = [(row, seed) for seed in settings.seeds for row in plan(settings) if row.seeds is None or seed in row.seeds]
+    with tqdm(total=len(todo), desc="Compression runs", unit="run") as progress:
+        queue = _RowQueue(output, todo, progress)
+        run_jobs(queue.next_job, queue.finished, jobs)
+    return queue.failures
 
 
-def _run_one(settings: CompressSettings, output: Path, progress: tqdm, item: tuple[Row, int]) -> str | None:
-    """Run one row for one seed in its own process unless its result is there; a failure's message, or None."""
-    row, seed = item
-    run_dir = output / f"seed{seed}" / row.directory
-    if not (run_dir / "result.json").is_file():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--single_run", json.dumps([row.label, seed])]
-        with open(run_dir / "log.txt", "w") as log:
-            code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        if code != 0:
-            progress.update()
-            return f"{row.label} seed {seed} (exit code {code}): {run_dir / 'log.txt'}"
-        result = json.loads((run_dir / "result.json").read_text())
-        progress.write(f"seed {seed} {row.label}: test loss {result['test_loss']:.4f}, {result['train_seconds']:.0f} s")
-    progress.update()
-    return None
+def _family(row: Row, seed: int) -> tuple[int, str]:
+    """The rows that start from one teacher: a seed's rows of one model family."""
+    return seed, row.model_type
+
+
+def teacher_ready(seed_dir: Path, model_type: str) -> bool:
+    """Whether a seed's teacher of this family is there, its weights and its result (a fresh clone has the
+    committed result alone: the teacher is trained again)."""
+    teacher = seed_dir / TEACHER_DIRS[model_type]
+    return all((teacher / name).is_file() for name in ("teacher_result.json", "model.safetensors"))
+
+
+class _RowQueue:
+    """The rows to run, in order. A row that starts from its seed's teacher while that teacher is missing trains it
+    first (`compress_run.run_row`), so while it runs the other rows of its seed and family wait; if it ends without
+    a teacher, they are reported not run."""
+
+    def __init__(self, output: Path, todo: list[tuple[Row, int]], progress: tqdm):
+        self.output, self.progress, self.failures = output, progress, []
+        self.queue = [item for item in todo if not (self._run_dir(*item) / "result.json").is_file()]
+        progress.update(len(todo) - len(self.queue))
+        self.training_teacher: set[tuple[int, str]] = set()  # (seed, family) whose teacher a running row trains
+
+    def _run_dir(self, row: Row, seed: int) -> Path:
+        return self.output / f"seed{seed}" / row.directory
+
+    def next_job(self) -> Job | None:
+        """The first queued row that need not wait for a teacher; None while every one of them does."""
+        ready = next((item for item in self.queue if item[0].start == "scratch" or _family(*item) not in self.training_teacher), None)
+        if ready is None:
+            return None
+        self.queue.remove(ready)
+        row, seed = ready
+        if row.start != "scratch" and not teacher_ready(self.output / f"seed{seed}", row.model_type):
+            self.training_teacher.add(_family(row, seed))
+        command = single_run_command(Path(__file__).resolve(), json.dumps([row.label, seed]))
+        return Job(f"{row.label} seed {seed}", self._run_dir(row, seed), command, {"OMP_NUM_THREADS": "1"}, payload=(row, seed))
+
+    def finished(self, job: Job, returncode: int) -> None:
+        row, seed = job.payload
+        self.progress.update()
+        if returncode != 0:
+            self.failures.append(job.failure(returncode))
+        else:
+            result = json.loads((job.run_dir / "result.json").read_text())
+            self.progress.write(f"seed {seed} {row.label}: test loss {result['test_loss']:.4f}, {result['train_seconds']:.0f} s")
+        if _family(row, seed) in self.training_teacher:
+            self.training_teacher.remove(_family(row, seed))
+            if not teacher_ready(self.output / f"seed{seed}", row.model_type):
+                self._drop_waiting(_family(row, seed))
+
+    def _drop_waiting(self, family: tuple[int, str]) -> None:
+        waiting = [(row, seed) for row, seed in self.queue if row.start != "scratch" and _family(row, seed) == family]
+        for row, seed in waiting:
+            self.queue.remove((row, seed))
+            self.failures.append(f"{row.label} seed {seed}: not run, the run that trains its teacher failed")
+            self.progress.update()
 
 
 if __name__ == "__main__":

@@ -88,10 +88,12 @@ def write_report(settings: CompressSettings, rows: list[Row], output: Path, repo
 
 def _plot(plan_rows: list[Row], summary: dict, path: Path) -> None:
     """Each row's quality (mean accuracy on a task, else test loss) with its 95% interval, coloured by its training
-    state, and across each family's rows its best small row's value: what beats training small at the same memory."""
+    state, and across each family's rows its best small row's value: what beats training small at the same memory.
+    A row of one seed has no interval and says so; its family gets no line (one seed compares nothing)."""
     rows = summary["rows"]
     on_task = all("mean_accuracy" in row for row in rows.values())
     labels = list(rows)
+    names = [label + (" (1 seed)" if len(rows[label]["seeds"]) == 1 else "") for label in labels]
     values = [rows[label]["mean_accuracy"] if on_task else (rows[label]["test_loss"], rows[label]["test_loss_half_width"]) for label in labels]
     states = sorted({round(rows[label]["peak_state_mib"], 2) for label in labels})
     colours = {state: plt.get_cmap("viridis")(index / max(1, len(states) - 1)) for index, state in enumerate(states)}
@@ -102,14 +104,14 @@ def _plot(plan_rows: list[Row], summary: dict, path: Path) -> None:
     for state, colour in colours.items():
         axes.plot([], [], "o", color=colour, label=f"{state:.2f} MiB of training state")
     for family, label in summary["best_small"].items():
-        if label in rows:
+        if label in rows and len(rows[label]["seeds"]) > 1:
             span = [labels.index(row.label) for row in plan_rows if row.model_type == family and row.label in rows]
             axes.vlines(values[labels.index(label)][0], min(span) - 0.4, max(span) + 0.4, color="grey", linestyle="--", linewidth=1)
-    axes.set_yticks(range(len(labels)), labels, fontsize=7)
+    axes.set_yticks(range(len(labels)), names, fontsize=7)
     axes.invert_yaxis()
     axes.set_xlabel(("test accuracy, mean over hop counts" if on_task else "test loss (nats/token)") + ", mean ± 95% interval")
     better = "higher" if on_task else "lower"
-    axes.set_title(f"Compressing a trained model ({better} is better; dashed: the best way of training small)", fontsize=9)
+    axes.set_title(f"Compressing a trained model ({better} is better)\ndashed: the best way of training small, its family's rows", fontsize=9)
     axes.legend(fontsize=7, loc="best")
     figure.tight_layout()
     figure.savefig(path, dpi=120)

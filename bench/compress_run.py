@@ -9,7 +9,6 @@ transformers and records the largest logit difference.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -23,12 +22,10 @@ from hf_layertie.decisions import DECISIONS
 from hf_layertie.toolkit.models import load_model
 from hf_layertie.trainer import TyingTrainer, TyingTrainingArguments
 
-from .compress import CompressSettings, Row
+from .compress import TEACHER_DIRS, CompressSettings, Row, teacher_ready
 from .measure import RunMeter, build_model, hop_accuracy, process_peak_bytes, study_data
+from .scheduling import write_complete
 
-# Each family's teacher, saved as a plain transformers checkpoint (`to_untied()`): conversions load it as users load
-# theirs (`load_model`, as `run_clm.py --model_name_or_path` does).
-TEACHER_DIRS = {"tied_gpt2": "teacher-model", "tied_llama": "teacher-llama"}
 # The study's GPT-2 sizes in each family's config fields; Llama's MLP as wide as GPT-2's (4 x the hidden size).
 SIZE_FIELDS = {
     "tied_gpt2": "n_layer={layers},n_embd={hidden},n_head={heads},n_positions={context}",
@@ -47,8 +44,7 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
     datasets.disable_progress_bars()
     tokenizer, blocks = study_data(settings.block_size, settings.max_test_blocks, task=settings.task)
     teacher = seed_dir / TEACHER_DIRS[row.model_type]
-    # A teacher is there when its weights and its result are (a fresh clone has the result alone: train it again).
-    if row.start != "scratch" and not all((teacher / name).is_file() for name in ("teacher_result.json", "model.safetensors")):
+    if row.start != "scratch" and not teacher_ready(seed_dir, row.model_type):
         _train_teacher(settings, row.model_type, seed, blocks, tokenizer, teacher)
 
     set_seed(seed)
@@ -201,9 +197,7 @@ def _train_teacher(settings: CompressSettings, model_type: str, seed: int, block
     trainer.train()
     model.to_untied().save_pretrained(teacher)
     test_loss = trainer.evaluate(eval_dataset=blocks["test"], metric_key_prefix="test")["test_loss"]
-    temporary = teacher / "teacher_result.json.tmp"
     record = {"test_loss": test_loss, "steps": settings.teacher_steps}
     if settings.task is not None:
         record["mean_accuracy"] = hop_accuracy(model, blocks)["mean_accuracy"]
-    temporary.write_text(json.dumps(record))
-    os.replace(temporary, teacher / "teacher_result.json")
+    write_complete(teacher / "teacher_result.json", record)

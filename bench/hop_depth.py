@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.provenance import provenance  # noqa: E402
 from bench.report import accuracy_summary, estimate, paired_difference, verdict_cell  # noqa: E402
+from bench.scheduling import Job, run_jobs, write_complete  # noqa: E402
 from hf_layertie import resolve_tying_map  # noqa: E402
 from bench.settings import REPO_ROOT  # noqa: E402
 
@@ -81,8 +80,10 @@ def _run_all(seeds: tuple[int, ...], jobs: int, results_dir: Path) -> list[str]:
     for row in ROWS:
         _finished(results_dir, row, seeds)  # finished runs measured under other settings stop it here
     todo = [(row, seed) for seed in seeds for row in ROWS if not (_run_dir(results_dir, row, seed) / "result.json").is_file()]
-    with tqdm(total=len(todo), desc="hop-depth runs", unit="run") as progress, ThreadPoolExecutor(jobs) as pool:
-        failures = [failure for failure in pool.map(lambda job: _run(*job, results_dir, progress), todo) if failure]
+    jobs_left = [_job(row, seed, results_dir) for row, seed in todo]
+    failures: list[str] = []
+    with tqdm(total=len(todo), desc="hop-depth runs", unit="run") as progress:
+        run_jobs(lambda: jobs_left.pop(0) if jobs_left else None, lambda job, code: _record(job, code, failures, progress), jobs)
     return failures
 
 
@@ -90,29 +91,30 @@ def _run_dir(results_dir: Path, row: Row, seed: int) -> Path:
     return results_dir / row.directory / f"seed{seed}"
 
 
-def _run(row: Row, seed: int, results_dir: Path, progress) -> str | None:
-    """One probe process; its result file gains the row's label and where it came from, written whole at the end."""
+def _job(row: Row, seed: int, results_dir: Path) -> Job:
+    """One probe process, writing its measurements to `probe.json` in its run folder."""
     run_dir = _run_dir(results_dir, row, seed)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    partial = run_dir / "probe.json"
     command = [
         sys.executable, str(REPO_ROOT / "bench" / "multihop_probe.py"), "--task_name", "hop_induction", "--task", TASK,
         "--n_layer", str(row.n_layer), "--tying_map", row.tying_map, "--steps", str(STEPS), "--seed", str(seed),
-        "--result_file", str(partial),
+        "--result_file", str(run_dir / "probe.json"),
     ]  # fmt: skip
-    with open(run_dir / "log.txt", "w") as log:
-        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
+    return Job(f"{row.label} seed {seed}", run_dir, command, payload=(row, seed))
+
+
+def _record(job: Job, returncode: int, failures: list[str], progress) -> None:
+    """A finished probe's result file: its measurements, the row's label and where it came from."""
     progress.update()
-    if code != 0:
-        return f"{row.label} seed {seed} (exit code {code}): {run_dir / 'log.txt'}"
+    if returncode != 0:
+        failures.append(job.failure(returncode))
+        return
+    (row, seed), partial = job.payload, job.run_dir / "probe.json"
     probe = json.loads(partial.read_text())
     # The study's run fields: a fixed map's peak of distinct blocks is its count.
     record = {"label": row.label, **probe, "num_blocks": row.n_layer, "distinct_peak": probe["distinct_blocks"], **provenance()}
-    (run_dir / "result.json.tmp").write_text(json.dumps(record, indent=2))
-    (run_dir / "result.json.tmp").replace(run_dir / "result.json")
+    write_complete(job.run_dir / "result.json", record)
     partial.unlink()
     progress.write(f"{row.label} seed {seed}: mean accuracy {record['mean_accuracy']:.3f}")
-    return None
 
 
 def write_report(seeds: tuple[int, ...], results_dir: Path = RESULTS, report_dir: Path = REPORT) -> Path:

@@ -13,10 +13,7 @@ sittings, and `--report_only` rewrites the report from whatever has finished. Se
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.measure import count_bigram_test_loss, run, task_data  # noqa: E402
 from bench.report import load_result, read_learning_rates, write_learning_rates, write_report  # noqa: E402
+from bench.scheduling import Job, run_jobs, single_run_command, write_complete  # noqa: E402
 from bench.settings import (  # noqa: E402
     BenchArguments,
     BenchSettings,
@@ -89,10 +87,7 @@ def claim_results_dir(output: Path, settings: BenchSettings) -> None:
 
 def single_run(settings: BenchSettings, spec: RunSpec, output: Path) -> None:
     run_dir = output / spec.directory
-    result = run(settings, spec, run_dir)
-    temporary = run_dir / (RESULT_FILE + ".tmp")
-    temporary.write_text(json.dumps(result, indent=2))
-    os.replace(temporary, run_dir / RESULT_FILE)  # a result file is always complete
+    write_complete(run_dir / RESULT_FILE, run(settings, spec, run_dir))
 
 
 class Scheduler:
@@ -118,52 +113,43 @@ class Scheduler:
         if with_memory:  # after the first seed: the memory figures do not wait for the whole study
             self.queue += [(0.5, spec) for spec in memory_runs(settings)]
         self.queue.sort(key=lambda item: item[0])  # stable: the plan's order within a seed
-        self.running: dict[str, tuple[subprocess.Popen, RunSpec, float]] = {}
         self.seen: set[str] = set()
         self.failures: list[str] = []
 
     def run(self) -> list[str]:
         self.progress = tqdm(desc="Study runs", unit="run", total=len(self.queue))
         try:
-            while self.queue or self.running:
-                while self.queue and len(self.running) < self.jobs:
-                    self._start(*self.queue.pop(0))
-                time.sleep(0.5)
-                for directory in [d for d, (process, _, _) in self.running.items() if process.poll() is not None]:
-                    self._finish(directory)
-        finally:  # an interrupted study leaves no run training on unseen (its folder has no result: it reruns)
-            for process, _, _ in self.running.values():
-                process.terminate()
-                process.wait()
+            run_jobs(self._next_job, self._finish, self.jobs)
+        finally:
             self.progress.close()
         return self.failures
 
-    def _start(self, order: float, spec: RunSpec) -> None:
-        if spec.directory in self.seen:  # one run serves two labels (e.g. equal final and mean budgets)
-            self.progress.total -= 1
-            return
-        self.seen.add(spec.directory)
-        run_dir = self.output / spec.directory
-        if (run_dir / RESULT_FILE).is_file():
-            self.progress.update()
-            self._after(order, spec)
-            return
-        run_dir.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--single_run", spec.to_json()]
-        threads = {"OMP_NUM_THREADS": str(self.settings.num_threads)} if self.settings.num_threads else {}
-        with open(run_dir / "log.txt", "w") as log:
-            process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false", **threads}
-            )
-        self.running[spec.directory] = (process, spec, order)
+    def _next_job(self) -> Job | None:
+        """The queue's next run without a result; a finished one on the way still queues the runs it makes possible."""
+        while self.queue:
+            order, spec = self.queue.pop(0)
+            if spec.directory in self.seen:  # one run serves two labels (e.g. equal final and mean budgets)
+                self.progress.total -= 1
+                continue
+            self.seen.add(spec.directory)
+            run_dir = self.output / spec.directory
+            if (run_dir / RESULT_FILE).is_file():
+                self.progress.update()
+                self._after(order, spec)
+                continue
+            threads = {"OMP_NUM_THREADS": str(self.settings.num_threads)} if self.settings.num_threads else {}
+            command = single_run_command(Path(__file__).resolve(), spec.to_json())
+            env = {"TOKENIZERS_PARALLELISM": "false", **threads}
+            return Job(f"{spec.label} seed {spec.seed}", run_dir, command, env, payload=(order, spec))
+        return None
 
-    def _finish(self, directory: str) -> None:
-        process, spec, order = self.running.pop(directory)
+    def _finish(self, job: Job, returncode: int) -> None:
+        order, spec = job.payload
         self.progress.update()
-        if process.returncode != 0:
-            self.failures.append(f"{spec.label} seed {spec.seed} (exit code {process.returncode}): {self.output / directory / 'log.txt'}")
+        if returncode != 0:
+            self.failures.append(job.failure(returncode))
             return
-        result = load_result(self.output / directory)
+        result = load_result(job.run_dir)
         loss = f", test loss {result['test_loss']:.4f}" if "test_loss" in result else ""
         loss += f", mean accuracy {result['mean_accuracy']:.3f}" if "mean_accuracy" in result else ""
         self.progress.write(f"{spec.kind} {spec.label} seed {spec.seed}: {result['train_seconds']:.0f} s{loss}")

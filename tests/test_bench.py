@@ -12,6 +12,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 from scipy import stats
+from tqdm.auto import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # `bench` is a folder of the repository, not part of the installed package
@@ -241,19 +242,52 @@ def test_compress_runs_every_row_at_the_budget_and_a_rerun_trains_nothing(tmp_pa
     assert sorted(path.stat().st_mtime_ns for path in tmp_path.glob("**/result.json")) == written
 
 
+def test_compress_trains_each_missing_teacher_once_and_reports_its_rows_not_run_when_it_fails(tmp_path):
+    """A fresh clone holds the teacher row's result but not the teacher's weights: the first unfinished row of the
+    family trains the teacher while its other rows wait (two writers of one folder would corrupt it)."""
+    from bench.compress import PRESETS as COMPRESS_PRESETS
+    from bench.compress import TEACHER_DIRS, _RowQueue, plan
+    from bench.scheduling import Job
+
+    rows = plan(COMPRESS_PRESETS["tiny"])
+    gpt2 = [row for row in rows if row.model_type == "tied_gpt2" and row.start != "scratch"]
+    scratch = [row for row in rows if row.start == "scratch"]
+    (tmp_path / "seed0" / gpt2[0].directory).mkdir(parents=True)
+    (tmp_path / "seed0" / gpt2[0].directory / "result.json").write_text("{}")  # finished, its teacher not kept
+    with tqdm(disable=True) as progress:
+        queue = _RowQueue(tmp_path, [(row, 0) for row in gpt2 + scratch], progress)
+        leader = queue.next_job()
+        assert leader.payload == (gpt2[1], 0)  # the first unfinished row trains the teacher
+        started = [queue.next_job() for _ in scratch]
+        assert [job.payload[0] for job in started] == scratch  # rows from scratch need no teacher
+        assert queue.next_job() is None  # the family's other rows wait
+
+        queue.finished(leader, returncode=1)  # it failed before a teacher was saved
+        assert queue.next_job() is None and queue.queue == []
+        assert sum("not run, the run that trains its teacher failed" in line for line in queue.failures) == len(gpt2) - 2
+
+        teacher = tmp_path / "seed1" / TEACHER_DIRS["tied_gpt2"]
+        teacher.mkdir(parents=True)
+        for name in ("teacher_result.json", "model.safetensors"):
+            (teacher / name).write_text("{}")
+        queue = _RowQueue(tmp_path, [(row, 1) for row in gpt2], progress)
+        assert all(isinstance(queue.next_job(), Job) for _ in gpt2)  # a teacher that is there: every row at once
+
+
 @pytest.mark.parametrize(
     "flags, named",
     [
         ({"jobs": 0}, "--jobs must be >= 1, got 0"),
         ({"seeds": "1,a"}, "--seeds '1,a'"),
         ({"preset": "huge"}, "--preset 'huge': expected one of tiny, default, depth"),
+        ({"task": "chains:length=8"}, "--task 'chains:length=8': expected '<name>:<config>'"),
     ],
 )
 def test_bad_compress_flags_are_named(flags, named):
     from bench.compress import CompressArguments
 
     with pytest.raises(ValueError, match=named):
-        CompressArguments(**flags).settings()
+        CompressArguments(**flags)
 
 
 def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss(tmp_path):
