@@ -23,6 +23,7 @@ from scipy import stats  # noqa: E402
 from .settings import (  # noqa: E402
     FINAL_MAP_LABEL,
     RANDOM_FINAL_MAP_LABEL,
+    SIMILARITY_FINAL_MAP_LABEL,
     STATIC_LAYOUTS,
     BenchSettings,
     RunSpec,
@@ -308,7 +309,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
         lines += ["", f"Learning rates chosen on validation loss (seed {tuning['seed']}, grid {tuning['grid']}): {chosen}."]
     lines += ["", "Paired verdicts (test loss" + (" and mean accuracy" if settings.task else "") + ", 95% interval):", ""]
     # DLT's final map from scratch against DLT: whether the maps or the moving between them cost the quality.
-    for label in ("dlt", "dlt (paper agent)", FINAL_MAP_LABEL, RANDOM_FINAL_MAP_LABEL):
+    for label in ("dlt", "dlt (paper agent)", FINAL_MAP_LABEL, RANDOM_FINAL_MAP_LABEL, SIMILARITY_FINAL_MAP_LABEL):
         accuracy_versus = (rows.get(label, {}).get("accuracy") or {}).get("versus", {})
         for name, difference in rows.get(label, {}).get("versus", {}).items():
             if difference is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -46,8 +47,10 @@ def single_run_command(script: str | Path, argument: str) -> list[str]:
 def run_jobs(next_job: Callable[[], Job | None], finished: Callable[[Job, int], None], jobs: int) -> None:
     """Start `next_job()` while fewer than `jobs` run and it has one, call `finished(job, returncode)` as each ends,
     until nothing runs and `next_job()` has nothing left (it may return None while it waits for a running job).
-    However it ends, an interrupt included, no run is left training unseen: a folder without its result reruns."""
+    However it ends, an interrupt or a SIGTERM included (background jobs of a shell ignore SIGINT), no run is left
+    training unseen: a folder without its result reruns."""
     running: dict[Job, subprocess.Popen] = {}
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         while True:
             while len(running) < jobs and (job := next_job()) is not None:
@@ -61,6 +64,11 @@ def run_jobs(next_job: Callable[[], Job | None], finished: Callable[[Job, int], 
         for process in running.values():
             process.terminate()
             process.wait()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame) -> None:
+    sys.exit(128 + signum)  # raises SystemExit here, so that `run_jobs` ends its children on the way out
 
 
 def _start(job: Job) -> subprocess.Popen:

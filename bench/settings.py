@@ -322,6 +322,7 @@ class RunSpec:
 STATIC_LAYOUTS = ("sequence", "cycle", "cycle_rev")
 FINAL_MAP_LABEL = "dlt final map, from scratch"
 RANDOM_FINAL_MAP_LABEL = "random final map, from scratch"
+SIMILARITY_FINAL_MAP_LABEL = "similarity final map, from scratch"
 
 
 def untied_label(settings: BenchSettings) -> str:
@@ -372,22 +373,26 @@ def runs_after_dlt(seed: int, final_map: list[int], final_distinct: int, average
     average = max(1, round(average_distinct))
     runs = [RunSpec(f"{layout} @ final U", f"static:{layout}:{final_distinct}", seed) for layout in STATIC_LAYOUTS]
     runs += [RunSpec(f"{layout} @ mean U", f"static:{layout}:{average}", seed) for layout in STATIC_LAYOUTS]
-    runs.append(RunSpec(FINAL_MAP_LABEL, "static:" + ",".join(map(str, final_map)), seed))
+    runs.append(final_map_from_scratch(FINAL_MAP_LABEL, seed, final_map))
     return runs
 
 
-def runs_after_random(seed: int, final_map: list[int]) -> list[RunSpec]:
-    """Random's final map trained from scratch: the control for DLT's (are learned maps better than random ones?)."""
-    return [RunSpec(RANDOM_FINAL_MAP_LABEL, "static:" + ",".join(map(str, final_map)), seed)]
+def final_map_from_scratch(label: str, seed: int, final_map: list[int]) -> RunSpec:
+    """A strategy's final map as a static map from step 0: random's is the control for DLT's (are learned maps better
+    than random ones?); similarity's is its map at the budget's memory (similarity itself trains every block for its
+    warm-up, so its own peak is conventional training's)."""
+    return RunSpec(label, "static:" + ",".join(map(str, final_map)), seed)
 
 
 def runs_after(spec: RunSpec, result: dict, learning_rates: dict[str, float] | None = None) -> list[RunSpec]:
-    """The runs a finished study run makes possible: DLT's (default agent, no other setting) and random's
-    followers, at their own label's learning rate (`learning_rates`) or, without a table, at their leader's."""
+    """The runs a finished study run makes possible: DLT's (default agent, no other setting), random's and
+    similarity's followers, at their own label's learning rate (`learning_rates`) or, without a table, at their leader's."""
     if spec.strategy == "dlt" and spec.dlt_variant == "default" and not spec.tying:
         followers = runs_after_dlt(spec.seed, result["final_map"], result["distinct_final"], result["distinct_mean"])
     elif spec.strategy == "random":
-        followers = runs_after_random(spec.seed, result["final_map"])
+        followers = [final_map_from_scratch(RANDOM_FINAL_MAP_LABEL, spec.seed, result["final_map"])]
+    elif spec.strategy.startswith("similarity:"):
+        followers = [final_map_from_scratch(SIMILARITY_FINAL_MAP_LABEL, spec.seed, result["final_map"])]
     else:
         return []
     if learning_rates is None:

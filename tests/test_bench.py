@@ -42,7 +42,7 @@ def test_every_strategy_has_every_seed_and_a_row(tiny_bench):
     folder, results = tiny_bench
     labels = {
         "none", "untied, 2 blocks", "dlt", "dlt (paper agent)", "random", "similarity", "dlt final map, from scratch",
-        "random final map, from scratch",
+        "random final map, from scratch", "similarity final map, from scratch",
         *(f"{layout} @ {budget} U" for layout in ("sequence", "cycle", "cycle_rev") for budget in ("final", "mean")),
     }  # fmt: skip
     assert set(results["runs"]) == labels
@@ -69,6 +69,10 @@ def test_runs_keep_their_budget_at_every_step(tiny_bench):
             assert results["runs"][f"{layout} @ mean U"][seed]["distinct_final"] == max(1, round(dlt["distinct_mean"]))
         assert results["runs"]["dlt final map, from scratch"][seed]["final_map"] == dlt["final_map"]
         assert results["runs"]["random final map, from scratch"][seed]["final_map"] == results["runs"]["random"][seed]["final_map"]
+        # Similarity's map at the budget's memory from step 0 (similarity itself trains every block for its warm-up).
+        similarity_map = results["runs"]["similarity final map, from scratch"][seed]
+        assert similarity_map["final_map"] == results["runs"]["similarity"][seed]["final_map"]
+        assert similarity_map["distinct_peak"] <= TINY.max_distinct_blocks
         # The equal-memory baseline: a model as shallow as the budget holds what a tied one at the budget holds.
         untied = results["runs"]["untied, 2 blocks"][seed]
         assert untied["num_blocks"] == untied["distinct_peak"] == TINY.max_distinct_blocks
