@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.provenance import provenance  # noqa: E402
 from bench.scheduling import Job, run_jobs, single_run_command, write_complete  # noqa: E402
-from bench.settings import REPO_ROOT, check_task, fingerprint  # noqa: E402
+from bench.settings import REPO_ROOT, check_task, fingerprint, parse_integers  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -174,15 +174,13 @@ class CompressArguments:
         if self.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
         if self.seeds is not None:
-            parts = [part.strip() for part in self.seeds.split(",") if part.strip()]
-            if not parts or not all(part.isdecimal() for part in parts):
-                raise ValueError(f"--seeds {self.seeds!r}: expected comma-separated non-negative integers, e.g. '0,1'")
+            parse_integers(self.seeds, "seeds")
         check_task(self.task)
 
     def settings(self) -> CompressSettings:
         settings = PRESETS[self.preset]
         if self.seeds is not None:
-            settings = dataclasses.replace(settings, seeds=tuple(int(part) for part in self.seeds.split(",") if part.strip()))
+            settings = dataclasses.replace(settings, seeds=parse_integers(self.seeds, "seeds"))
         if self.task is not None:
             settings = dataclasses.replace(settings, task=self.task)
         return settings
@@ -207,8 +205,8 @@ def main() -> None:
 
         label, seed = json.loads(args.single_run)
         row = next(row for row in plan(settings) if row.label == label)
-        run_dir = output / f"seed{seed}" / row.directory
-        write_complete(run_dir / "result.json", {**run_row(settings, row, seed, run_dir, output / f"seed{seed}"), **provenance()})
+        run_dir = row_dir(output, row, seed)
+        write_complete(run_dir / "result.json", {**run_row(settings, row, seed, run_dir, seed_dir(output, seed)), **provenance()})
         return
     _claim(output, settings)
     failures = [] if args.report_only else _run_all(settings, output, args.jobs)
@@ -240,15 +238,25 @@ def _run_all(settings: CompressSettings, output: Path, jobs: int) -> list[str]:
     return queue.failures
 
 
+def seed_dir(output: Path, seed: int) -> Path:
+    """A seed's folder: its rows' folders and its teachers."""
+    return output / f"seed{seed}"
+
+
+def row_dir(output: Path, row: Row, seed: int) -> Path:
+    """Where a row's run for a seed writes its log and `result.json`."""
+    return seed_dir(output, seed) / row.directory
+
+
 def _family(row: Row, seed: int) -> tuple[int, str]:
     """The rows that start from one teacher: a seed's rows of one model family."""
     return seed, row.model_type
 
 
-def teacher_ready(seed_dir: Path, model_type: str) -> bool:
+def teacher_ready(seed_folder: Path, model_type: str) -> bool:
     """Whether a seed's teacher of this family is there, its weights and its result (a fresh clone has the
     committed result alone: the teacher is trained again)."""
-    teacher = seed_dir / TEACHER_DIRS[model_type]
+    teacher = seed_folder / TEACHER_DIRS[model_type]
     return all((teacher / name).is_file() for name in ("teacher_result.json", "model.safetensors"))
 
 
@@ -259,12 +267,9 @@ class _RowQueue:
 
     def __init__(self, output: Path, todo: list[tuple[Row, int]], progress: tqdm):
         self.output, self.progress, self.failures = output, progress, []
-        self.queue = [item for item in todo if not (self._run_dir(*item) / "result.json").is_file()]
+        self.queue = [item for item in todo if not (row_dir(output, *item) / "result.json").is_file()]
         progress.update(len(todo) - len(self.queue))
         self.training_teacher: set[tuple[int, str]] = set()  # (seed, family) whose teacher a running row trains
-
-    def _run_dir(self, row: Row, seed: int) -> Path:
-        return self.output / f"seed{seed}" / row.directory
 
     def next_job(self) -> Job | None:
         """The first queued row that need not wait for a teacher; None while every one of them does."""
@@ -273,10 +278,10 @@ class _RowQueue:
             return None
         self.queue.remove(ready)
         row, seed = ready
-        if row.start != "scratch" and not teacher_ready(self.output / f"seed{seed}", row.model_type):
+        if row.start != "scratch" and not teacher_ready(seed_dir(self.output, seed), row.model_type):
             self.training_teacher.add(_family(row, seed))
         command = single_run_command(Path(__file__).resolve(), json.dumps([row.label, seed]))
-        return Job(f"{row.label} seed {seed}", self._run_dir(row, seed), command, {"OMP_NUM_THREADS": "1"}, payload=(row, seed))
+        return Job(f"{row.label} seed {seed}", row_dir(self.output, row, seed), command, {"OMP_NUM_THREADS": "1"}, payload=(row, seed))
 
     def finished(self, job: Job, returncode: int) -> None:
         row, seed = job.payload
@@ -286,10 +291,11 @@ class _RowQueue:
         else:
             result = json.loads((job.run_dir / "result.json").read_text())
             self.progress.write(f"seed {seed} {row.label}: test loss {result['test_loss']:.4f}, {result['train_seconds']:.0f} s")
-        if _family(row, seed) in self.training_teacher:
-            self.training_teacher.remove(_family(row, seed))
-            if not teacher_ready(self.output / f"seed{seed}", row.model_type):
-                self._drop_waiting(_family(row, seed))
+        family = _family(row, seed)
+        if family in self.training_teacher:
+            self.training_teacher.remove(family)
+            if not teacher_ready(seed_dir(self.output, seed), row.model_type):
+                self._drop_waiting(family)
 
     def _drop_waiting(self, family: tuple[int, str]) -> None:
         waiting = [(row, seed) for row, seed in self.queue if row.start != "scratch" and _family(row, seed) == family]

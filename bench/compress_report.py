@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .compress import PRESETS, CompressSettings, Row  # noqa: E402
+from .compress import PRESETS, CompressSettings, Row, row_dir  # noqa: E402
 from .report import accuracy_summary, estimate, interval, paired_difference, verdict_cell  # noqa: E402
 
 MIB = 2**20
@@ -25,7 +25,7 @@ def collect(rows: list[Row], seeds: tuple[int, ...], output: Path) -> dict[str, 
     for row in rows:
         table[row.label] = {}
         for seed in seeds:
-            path = output / f"seed{seed}" / row.directory / "result.json"
+            path = row_dir(output, row, seed) / "result.json"
             if path.is_file():
                 table[row.label][seed] = json.loads(path.read_text())
     return table

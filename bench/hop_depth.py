@@ -30,7 +30,7 @@ from bench.provenance import provenance  # noqa: E402
 from bench.report import accuracy_summary, estimate, paired_difference, verdict_cell  # noqa: E402
 from bench.scheduling import Job, run_jobs, write_complete  # noqa: E402
 from hf_layertie import resolve_tying_map  # noqa: E402
-from bench.settings import REPO_ROOT  # noqa: E402
+from bench.settings import REPO_ROOT, parse_integers  # noqa: E402
 
 TASK = "length=64,max_hops=4"
 STEPS = 5000
@@ -67,9 +67,9 @@ def main() -> None:
     parser.add_argument("--report_only", action="store_true", help="Write the report from finished runs; train nothing.")
     args = parser.parse_args()
     try:
-        seeds = tuple(int(seed) for seed in args.seeds.split(","))
-    except ValueError:
-        parser.error(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. '0,1,2'")
+        seeds = parse_integers(args.seeds, "seeds")
+    except ValueError as error:
+        parser.error(str(error))
     failures = [] if args.report_only else _run_all(seeds, args.jobs, args.results_dir)
     print(f"Report: {write_report(seeds, args.results_dir, args.report_dir)}")
     if failures:

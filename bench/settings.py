@@ -221,7 +221,7 @@ def resolve_settings(args: BenchArguments) -> BenchSettings:
     }
     for name in ("seeds", "memory_depths"):
         if name in overrides:
-            overrides[name] = _parse_integers(overrides[name], name)
+            overrides[name] = parse_integers(overrides[name], name)
     settings = dataclasses.replace(PRESETS[args.preset], **overrides)
     _check(settings)
     return settings
@@ -237,7 +237,8 @@ def parse_learning_rates(text: str) -> tuple[float, ...]:
     return rates
 
 
-def _parse_integers(text: str, name: str) -> tuple[int, ...]:
+def parse_integers(text: str, name: str) -> tuple[int, ...]:
+    """`--<name>`'s comma-separated non-negative integers (seeds, depths), or one error naming the flag."""
     parts = [part.strip() for part in text.split(",") if part.strip()]
     if not parts or not all(part.isdecimal() for part in parts):
         raise ValueError(f"--{name} {text!r}: expected comma-separated non-negative integers, e.g. '0,1,2'")
