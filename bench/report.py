@@ -28,6 +28,7 @@ from .settings import (  # noqa: E402
     BenchSettings,
     RunSpec,
     at_learning_rates,
+    core_runs,
     independent_runs,
     memory_runs,
     runs_after,
@@ -152,7 +153,7 @@ def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
             "train_seconds": statistics.fmean(run["train_seconds"] for run in results),
             "agent_overhead": statistics.fmean(sum(run["tying_seconds"].values()) / run["train_seconds"] for run in results),
             "versus": rows_versus,
-            "selected": _selected(runs, measured, baselines),
+            "selected": _selected(runs, measured, baselines, compared=rows_versus),
             "accuracy": _accuracy(runs, measured, baselines, compared=rows_versus),
             "provenance": sorted({_provenance(run) for run in results}),
         }
@@ -184,16 +185,16 @@ def _accuracy(runs: dict[int, dict], measured: dict[str, dict[int, dict]], basel
     return {**summary, "versus": versus}
 
 
-def _selected(runs: dict[int, dict], measured: dict[str, dict[int, dict]], baselines) -> dict | None:
-    """The paper's model selection: test loss at each run's best-validation step, and its paired differences."""
+def _selected(runs: dict[int, dict], measured: dict[str, dict[int, dict]], baselines, compared: dict) -> dict | None:
+    """The paper's model selection: test loss at each run's best-validation step, and its paired differences with
+    the baselines the last step's loss is `compared` with."""
     if not all("test_loss_at_best_validation" in run for run in runs.values()):
         return None
     loss, half = interval([run["test_loss_at_best_validation"] for run in runs.values()])
     versus = {
         name: paired_difference(runs, measured[other], key="test_loss_at_best_validation")
         for name, other in baselines
-        if other in measured and runs is not measured[other]
-        and all("test_loss_at_best_validation" in run for run in measured[other].values())
+        if name in compared and all("test_loss_at_best_validation" in run for run in measured[other].values())
     }
     steps = statistics.fmean(run["best_validation_step"] for run in runs.values())
     return {"test_loss": loss, "test_loss_half_width": half, "best_validation_step": steps, "versus": versus}
@@ -259,7 +260,7 @@ def write_report(settings: BenchSettings, output: Path) -> Path:
     if memory:
         _plot_memory(memory, output / "memory_vs_depth.png")
     if settings.eval_interval:
-        _plot_validation(table, output / "validation_over_steps.png")
+        _plot_validation(settings, summary, table, output / "validation_over_steps.png")
     report = output / "results.md"
     report.write_text(_markdown(settings, payload))
     return report
@@ -302,26 +303,43 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
             f"| {row['train_seconds']:.0f} | {100 * row['agent_overhead']:.1f}% |"
         )
     lines += _accuracy_lines(rows, payload["runs"])
-    lines += _selection_lines(settings, rows)
+    lines += _selection_lines(settings, rows, payload["runs"])
     if payload["learning_rates"]:
         tuning = payload["learning_rates"]
         chosen = ", ".join(f"{label} {rate:g}" for label, rate in tuning["chosen"].items())
         lines += ["", f"Learning rates chosen on validation loss (seed {tuning['seed']}, grid {tuning['grid']}): {chosen}."]
     lines += ["", "Paired verdicts (test loss" + (" and mean accuracy" if settings.task else "") + ", 95% interval):", ""]
-    # DLT's final map from scratch against DLT: whether the maps or the moving between them cost the quality.
-    for label in ("dlt", "dlt (paper agent)", FINAL_MAP_LABEL, RANDOM_FINAL_MAP_LABEL, SIMILARITY_FINAL_MAP_LABEL):
-        accuracy_versus = (rows.get(label, {}).get("accuracy") or {}).get("versus", {})
-        for name, difference in rows.get(label, {}).get("versus", {}).items():
-            if difference is not None:
-                lines.append(
-                    f"- {label} vs {name}: {difference['verdict']} ({_cell(difference)} nats, {difference['seeds']} seeds)"
-                    + _accuracy_verdict(accuracy_versus.get(name))
-                )
+    lines += _verdict_lines(settings, rows, lambda row: row["versus"])
+    if settings.eval_interval:
+        lines += ["", "Paired verdicts at each run's best-validation step (the paper's model selection):", ""]
+        lines += _verdict_lines(settings, rows, lambda row: (row["selected"] or {}).get("versus", {}))
     lines += _overhead_lines(payload["runs"].get("dlt", {}))
     lines += _memory_lines(payload["memory"])
     sources = sorted({source for row in rows.values() for source in row["provenance"]} | {_provenance(run) for run in payload["memory"]})
     lines += ["", "Runs came from: " + "; ".join(sources) + ("" if len(sources) == 1 else " (MIXED: rerun the rows before comparing them)")]
     return "\n".join(lines) + "\n"
+
+
+def _verdict_lines(settings: BenchSettings, rows: dict[str, dict], differences) -> list[str]:
+    """One line per contrast that carries a conclusion, `differences(row)` giving a row's paired differences: the
+    equal-memory model against full depth and the best fixed layout (does depth, and tying, pay?); DLT and the
+    paper's agent against everything; the final maps trained from scratch against DLT and random (the maps, or the
+    moving between them?)."""
+    contrasts = {untied_label(settings): ("none", "best static")} | dict.fromkeys(
+        ("dlt", "dlt (paper agent)", FINAL_MAP_LABEL, RANDOM_FINAL_MAP_LABEL, SIMILARITY_FINAL_MAP_LABEL)
+    )
+    lines = []
+    for label, names in contrasts.items():
+        if label not in rows:
+            continue
+        accuracy_versus = (rows[label]["accuracy"] or {}).get("versus", {})
+        for name, difference in differences(rows[label]).items():
+            if difference is not None and (names is None or name in names):
+                lines.append(
+                    f"- {label} vs {name}: {difference['verdict']} ({_cell(difference)} nats, {difference['seeds']} seeds)"
+                    + _accuracy_verdict(accuracy_versus.get(name))
+                )
+    return lines
 
 
 def _accuracy_verdict(difference: dict | None) -> str:
@@ -332,8 +350,9 @@ def _accuracy_verdict(difference: dict | None) -> str:
     return f"; accuracy: {verdict} ({_cell(difference)})"
 
 
-def _selection_lines(settings: BenchSettings, rows: dict[str, dict]) -> list[str]:
-    """With evaluations during training: the test loss at each run's best-validation step (the paper's selection)."""
+def _selection_lines(settings: BenchSettings, rows: dict[str, dict], runs: dict[str, dict[int, dict]]) -> list[str]:
+    """With evaluations during training: the test loss at each run's best-validation step (the paper's selection;
+    a label whose runs are another's is left out)."""
     if not settings.eval_interval:
         return []
     lines = [
@@ -341,17 +360,18 @@ def _selection_lines(settings: BenchSettings, rows: dict[str, dict]) -> list[str
         f"Model selection as in the paper: validation and test loss every {settings.eval_interval} steps; each run's "
         "test loss at its lowest validation loss (paired differences as above).",
         "",
-        "| strategy | test loss at best validation | best step (mean) | vs none | vs untied U | vs random | vs dlt |",
-        "|---|---|---|---|---|---|---|",
+        "| strategy | test loss at best validation | best step (mean) | vs none | vs untied U | vs random | vs best static | vs dlt |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for label, row in rows.items():
         selected = row["selected"]
-        if selected is None:
+        if selected is None or _same_runs_as(label, runs) is not None:
             continue
         versus = selected["versus"]
         lines.append(
             f"| {label} | {estimate(selected['test_loss'], selected['test_loss_half_width'])} | {selected['best_validation_step']:.0f} "
-            f"| {_cell(versus.get('none'))} | {_cell(versus.get('untied U'))} | {_cell(versus.get('random'))} | {_cell(versus.get('dlt'))} |"
+            f"| {_cell(versus.get('none'))} | {_cell(versus.get('untied U'))} | {_cell(versus.get('random'))} "
+            f"| {_cell(versus.get('best static'))} | {_cell(versus.get('dlt'))} |"
         )
     return lines
 
@@ -485,20 +505,40 @@ def _plot_accuracy(rows: dict[str, dict], runs: dict[str, dict[int, dict]], path
     plt.close(figure)
 
 
-def _plot_validation(table: dict[str, dict[int, dict]], path: Path) -> None:
-    """Validation loss over training steps, mean over seeds, one line per strategy: where each starts to overfit."""
-    figure, axes = plt.subplots(figsize=(8, 5))
-    for index, (label, runs) in enumerate(table.items()):
-        curves = [run["validation_curve"] for run in runs.values() if "validation_curve" in run]
-        if not curves:
-            continue
+def _plot_validation(settings: BenchSettings, summary: dict, table: dict[str, dict[int, dict]], path: Path) -> None:
+    """Left: validation loss over steps, mean over seeds, for the strategies behind the main contrasts (the best
+    static layout among them), each curve's lowest point marked: where each starts to overfit. Right: every
+    strategy's test loss at its best-validation step (the paper's model selection) beside its last step's, with
+    their intervals: what training past the minimum costs each strategy."""
+    rows = summary["rows"]
+    shown = [label for label in rows if rows[label]["selected"] is not None and _same_runs_as(label, table) is None]
+    if not shown:  # no study run has finished yet
+        return
+    main = {spec.label for spec in core_runs(settings, settings.seeds[0])} | {summary["best_static_at_final_budget"]}
+    figure, (curves_axes, selection_axes) = plt.subplots(1, 2, figsize=(14, 5.5), width_ratios=(3, 2))
+    for index, label in enumerate(label for label in shown if label in main):
+        curves = [run["validation_curve"] for run in table[label].values()]
         steps = [point["step"] for point in curves[0]]
         means = [statistics.fmean(curve[i]["validation_loss"] for curve in curves) for i in range(len(steps))]
-        axes.plot(steps, means, label=f"{label} ({len(curves)} seeds)", color=plt.get_cmap("tab20")(index % 20))
-    axes.set_xlabel("optimizer step")
-    axes.set_ylabel("validation loss (nats/token), mean over seeds")
-    axes.set_title("Validation loss over training (lower is better)")
-    axes.legend(fontsize=7)
+        colour = plt.get_cmap("tab10")(index % 10)
+        curves_axes.plot(steps, means, label=f"{label} ({len(curves)} seeds)", color=colour)
+        lowest = min(range(len(steps)), key=means.__getitem__)
+        curves_axes.plot(steps[lowest], means[lowest], marker="o", color=colour)
+    curves_axes.set_xlabel("optimizer step")
+    curves_axes.set_ylabel("validation loss (nats/token), mean over seeds")
+    curves_axes.set_title("Validation loss over training (dot: lowest)")
+    curves_axes.legend(fontsize=8, loc="lower right")
+    ordered = sorted(shown, key=lambda label: rows[label]["selected"]["test_loss"], reverse=True)
+    for position, label in enumerate(ordered):
+        row, selected = rows[label], rows[label]["selected"]
+        at_best = (selected["test_loss"], selected["test_loss_half_width"])
+        at_last = (row["test_loss"], row["test_loss_half_width"])
+        selection_axes.plot([at_best[0], at_last[0]], [position, position], color="lightgrey", zorder=1)
+        for (mean, half), marker, colour in ((at_best, "o", "tab:blue"), (at_last, "s", "tab:red")):
+            selection_axes.errorbar(mean, position, xerr=0 if math.isnan(half) else half, fmt=marker, color=colour, capsize=3)
+    selection_axes.set_yticks(range(len(ordered)), [f"{label} ({len(rows[label]['seeds'])})" for label in ordered], fontsize=8)
+    selection_axes.set_xlabel("test loss (nats/token), mean ± 95% interval")
+    selection_axes.set_title("Test loss at the best-validation step (blue dot)\nand at the last step (red square); (seeds)", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -145,16 +145,27 @@ def test_every_record_says_which_code_and_versions_it_came_from(tiny_bench):
 
 
 @pytest.mark.slow
-def test_a_run_evaluated_during_training_reports_the_test_loss_at_its_best_validation_step(tmp_path):
-    spec = '{"label": "none", "strategy": "none", "seed": 0}'
-    completed = _bench(tmp_path, "--eval_interval", "4", "--dropout", "0.2", "--single_run", spec)
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    run = json.loads((tmp_path / "study" / "none" / "seed0" / "result.json").read_text())
-    curve = run["validation_curve"]
-    assert [point["step"] for point in curve] == [4, 8, 12]
-    best = min(curve, key=lambda point: point["validation_loss"])
-    assert (run["best_validation_step"], run["test_loss_at_best_validation"]) == (best["step"], best["test_loss"])
-    assert curve[-1]["test_loss"] == run["final_test_loss"] == run["test_loss"]
+def test_every_run_reports_the_test_loss_at_its_best_validation_step_and_the_report_pairs_it(tiny_bench):
+    folder, results = tiny_bench
+    runs = results["runs"]
+    for label, by_seed in runs.items():
+        for run in by_seed.values():
+            curve = run["validation_curve"]
+            assert [point["step"] for point in curve] == list(range(TINY.eval_interval, TINY.max_steps + 1, TINY.eval_interval))
+            best = min(curve, key=lambda point: point["validation_loss"])
+            assert (run["best_validation_step"], run["test_loss_at_best_validation"]) == (best["step"], best["test_loss"]), label
+            assert curve[-1]["test_loss"] == run["final_test_loss"] == run["test_loss"], label
+    # The paper's model selection, paired like the last step's losses, in the table and the verdicts.
+    differences = [runs["dlt"][seed]["test_loss_at_best_validation"] - runs["none"][seed]["test_loss_at_best_validation"] for seed in runs["dlt"]]
+    reported = results["rows"]["dlt"]["selected"]["versus"]["none"]
+    assert reported["mean"] == pytest.approx(statistics.fmean(differences))
+    table = (folder / "results.md").read_text()
+    verdicts = table.split("Paired verdicts at each run's best-validation step (the paper's model selection):")[1]
+    assert f"- dlt vs none: {reported['verdict']} ({reported['mean']:+.3f} ± {reported['half_width']:.3f} nats" in verdicts
+    assert "- untied, 2 blocks vs none: " in verdicts  # the equal-memory model against full depth
+    assert "| strategy | test loss at best validation |" in table
+    image = matplotlib.image.imread(folder / "validation_over_steps.png")
+    assert image.shape[0] > 300 and image.shape[1] > 1200  # the curves beside the selected-vs-last comparison
 
 
 @pytest.mark.slow
