@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .compress import PRESETS, CompressSettings, Row, row_dir  # noqa: E402
+from .provenance import source_lines  # noqa: E402
 from .report import accuracy_summary, estimate, interval, paired_difference, verdict_cell  # noqa: E402
 
 MIB = 2**20
@@ -162,8 +163,7 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
             f"{_export_cell(row['export_logit_difference'])} |"
         )
     lines += _accuracy_lines(summary["rows"])
-    versions = sorted({(run.get("commit"), json.dumps(run.get("versions"))) for run in records})
-    lines += ["", "Runs came from: " + "; ".join(f"commit {commit}, {v}" for commit, v in versions), ""]
+    lines += source_lines(records) + [""]
     return "\n".join(lines)
 
 

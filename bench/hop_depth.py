@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.provenance import provenance  # noqa: E402
+from bench.provenance import provenance, source_lines  # noqa: E402
 from bench.report import accuracy_summary, estimate, paired_difference, verdict_cell  # noqa: E402
 from bench.scheduling import Job, run_jobs, write_complete  # noqa: E402
 from hf_layertie import resolve_tying_map  # noqa: E402
@@ -203,8 +203,7 @@ def _markdown(summary: dict, hops: list[str], pairs: dict, records: list[dict]) 
     for first in labels:
         cells = [verdict_cell(pairs[first].get(second)) for second in labels]
         lines.append(f"| {first} | " + " | ".join(cells) + " |")
-    versions = sorted({(run.get("commit"), json.dumps(run.get("versions"))) for run in records})
-    lines += ["", "![accuracy per hop count](hop_induction.png)", "", "Runs came from: " + "; ".join(f"commit {c}, {v}" for c, v in versions), ""]
+    lines += ["", "![accuracy per hop count](hop_induction.png)"] + source_lines(records) + [""]
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import platform
 import subprocess
+from collections import defaultdict
 from importlib.metadata import version
 from pathlib import Path
 
@@ -25,3 +26,26 @@ def provenance() -> dict:
     if commit is not None and git("status", "--porcelain", "--untracked-files=no"):
         commit += "+dirty"
     return {"commit": commit, "python": platform.python_version(), "versions": {name: version(name) for name in PACKAGES}}
+
+
+def source(record: dict) -> str:
+    """Which code and versions a run record came from, in words (runs from before provenance was recorded say so)."""
+    if "commit" not in record:
+        return "unrecorded (a run from before provenance was recorded)"
+    versions = ", ".join(f"{name} {value}" for name, value in record["versions"].items())
+    return f"commit {record['commit']}, {versions}"
+
+
+def source_lines(records: list[dict]) -> list[str]:
+    """A report's last lines: where its runs came from, and, when from more than one commit or set of versions,
+    which runs (label: seeds) came from each, so that a reader knows which rows to rerun before comparing them."""
+    runs_by_source: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
+    for record in records:
+        runs_by_source[source(record)][record["label"]].add(record["seed"])
+    if len(runs_by_source) <= 1:
+        return ["", "Runs came from: " + "".join(runs_by_source)]
+    lines = ["", "Runs came from (MIXED: rerun the rows before comparing them):", ""]
+    for origin, runs in sorted(runs_by_source.items()):
+        listed = "; ".join(f"{label} ({', '.join(map(str, sorted(seeds)))})" for label, seeds in runs.items())
+        lines.append(f"- {origin}: {listed}")
+    return lines

@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from .provenance import source, source_lines  # noqa: E402
 from .settings import (  # noqa: E402
     FINAL_MAP_LABEL,
     RANDOM_FINAL_MAP_LABEL,
@@ -155,7 +156,7 @@ def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
             "versus": rows_versus,
             "selected": _selected(runs, measured, baselines, compared=rows_versus),
             "accuracy": _accuracy(runs, measured, baselines, compared=rows_versus),
-            "provenance": sorted({_provenance(run) for run in results}),
+            "provenance": sorted({source(run) for run in results}),
         }
     return {"rows": rows, "best_static_at_final_budget": best_static}
 
@@ -198,14 +199,6 @@ def _selected(runs: dict[int, dict], measured: dict[str, dict[int, dict]], basel
     }
     steps = statistics.fmean(run["best_validation_step"] for run in runs.values())
     return {"test_loss": loss, "test_loss_half_width": half, "best_validation_step": steps, "versus": versus}
-
-
-def _provenance(run: dict) -> str:
-    """Which code and versions a run came from (`bench/provenance.py`; runs from before it say so)."""
-    if "commit" not in run:
-        return "unrecorded (a run from before provenance was recorded)"
-    versions = ", ".join(f"{name} {value}" for name, value in run["versions"].items())
-    return f"commit {run['commit']}, {versions}"
 
 
 def _same_final_budget(runs: dict[int, dict], dlt_final: dict[int, int]) -> bool:
@@ -315,8 +308,9 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
         lines += _verdict_lines(settings, rows, lambda row: (row["selected"] or {}).get("versus", {}))
     lines += _overhead_lines(payload["runs"].get("dlt", {}))
     lines += _memory_lines(payload["memory"])
-    sources = sorted({source for row in rows.values() for source in row["provenance"]} | {_provenance(run) for run in payload["memory"]})
-    lines += ["", "Runs came from: " + "; ".join(sources) + ("" if len(sources) == 1 else " (MIXED: rerun the rows before comparing them)")]
+    memory = [run | {"label": f"memory: {run['label']}, {run['num_blocks']} blocks"} for run in payload["memory"]]
+    study = [run for label, runs in payload["runs"].items() if _same_runs_as(label, payload["runs"]) is None for run in runs.values()]
+    lines += source_lines(study + memory)
     return "\n".join(lines) + "\n"
 
 

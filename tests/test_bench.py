@@ -144,6 +144,23 @@ def test_every_record_says_which_code_and_versions_it_came_from(tiny_bench):
     assert "Runs came from: commit " in (folder / "results.md").read_text()  # "commit None" outside git
 
 
+def test_a_report_mixing_commits_says_which_runs_came_from_which():
+    from bench.provenance import source_lines
+
+    versions = {"torch": "2.13.0+cpu"}
+    records = [
+        {"label": "none", "seed": 0, "commit": "aaa", "versions": versions},
+        {"label": "dlt", "seed": 0, "commit": "aaa", "versions": versions},
+        {"label": "none", "seed": 1, "commit": "bbb", "versions": versions},
+        {"label": "dlt", "seed": 1, "commit": "aaa", "versions": versions},
+    ]
+    assert source_lines(records[:2]) == ["", "Runs came from: commit aaa, torch 2.13.0+cpu"]
+    lines = source_lines(records)
+    assert "MIXED: rerun the rows before comparing them" in lines[1]
+    assert "- commit aaa, torch 2.13.0+cpu: none (0); dlt (0, 1)" in lines
+    assert "- commit bbb, torch 2.13.0+cpu: none (1)" in lines
+
+
 @pytest.mark.slow
 def test_every_run_reports_the_test_loss_at_its_best_validation_step_and_the_report_pairs_it(tiny_bench):
     folder, results = tiny_bench
