@@ -28,24 +28,32 @@ def provenance() -> dict:
     return {"commit": commit, "python": platform.python_version(), "versions": {name: version(name) for name in PACKAGES}}
 
 
-def source(record: dict) -> str:
-    """Which code and versions a run record came from, in words (runs from before provenance was recorded say so)."""
+def source(record: dict, with_versions: bool = True) -> str:
+    """Which code (and versions) a run record came from, in words; runs from before provenance was recorded say so."""
     if "commit" not in record:
         return "unrecorded (a run from before provenance was recorded)"
-    versions = ", ".join(f"{name} {value}" for name, value in record["versions"].items())
-    return f"commit {record['commit']}, {versions}"
+    return f"commit {record['commit']}" + (f", {_versions(record)}" if with_versions else "")
+
+
+def _versions(record: dict) -> str:
+    return ", ".join(f"{name} {value}" for name, value in record["versions"].items())
 
 
 def source_lines(records: list[dict]) -> list[str]:
     """A report's last lines: where its runs came from, and, when from more than one commit or set of versions,
-    which runs (label: seeds) came from each, so that a reader knows which rows to rerun before comparing them."""
+    which runs (label: seeds) came from each, in the order the report lists them, so that a reader knows which rows
+    to rerun before comparing them. Versions shared by every run are said once."""
+    if not records:
+        return ["", "Runs came from: no run has finished yet."]
+    if len({source(record) for record in records}) == 1:
+        return ["", f"Runs came from: {source(records[0])}"]
+    shared = all("commit" in record for record in records) and len({_versions(record) for record in records}) == 1
     runs_by_source: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
     for record in records:
-        runs_by_source[source(record)][record["label"]].add(record["seed"])
-    if len(runs_by_source) <= 1:
-        return ["", "Runs came from: " + "".join(runs_by_source)]
-    lines = ["", "Runs came from (MIXED: rerun the rows before comparing them):", ""]
-    for origin, runs in sorted(runs_by_source.items()):
+        runs_by_source[source(record, with_versions=not shared)][record["label"]].add(record["seed"])
+    versions = f", every run with {_versions(records[0])}" if shared else ""
+    lines = ["", f"Runs came from (MIXED: rerun the rows before comparing them{versions}):", ""]
+    for origin, runs in runs_by_source.items():
         listed = "; ".join(f"{label} ({', '.join(map(str, sorted(seeds)))})" for label, seeds in runs.items())
         lines.append(f"- {origin}: {listed}")
     return lines

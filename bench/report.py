@@ -116,20 +116,19 @@ def _verdict(mean: float, half: float) -> str:
 
 def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
     """One row per label: quality, budget, memory, overhead and paired differences."""
-    static_at_final = {f"{layout} @ final U" for layout in STATIC_LAYOUTS}
+    static_at_final = [f"{layout} @ final U" for layout in STATIC_LAYOUTS]
     measured = {label: runs for label, runs in table.items() if runs}
-    # Chosen on validation loss: choosing the baseline on the test plays would flatter it.
-    best_static = min(
-        (label for label in static_at_final if label in measured),
-        key=lambda label: statistics.fmean(run["validation_loss"] for run in measured[label].values()),
-        default=None,
-    )
+    # Chosen on validation loss: choosing the baseline on the test plays would flatter it. Under model selection,
+    # on each run's lowest validation loss, the loss its selected model is chosen by.
+    best_static = _lowest(static_at_final, measured, lambda run: run["validation_loss"])
+    best_static_selected = _lowest(static_at_final, measured, _lowest_validation_loss)
     dlt_final = {seed: run["distinct_final"] for seed, run in measured.get("dlt", {}).items()}
     untied = next((label for label in measured if label.startswith("untied, ")), None)
     baselines = (
         ("none", "none"), ("untied U", untied), ("random", "random"), ("best static", best_static), ("dlt", "dlt"),
         ("random final map", RANDOM_FINAL_MAP_LABEL),
     )  # fmt: skip
+    selection_baselines = tuple((name, best_static_selected if name == "best static" else other) for name, other in baselines)
     rows = {}
     for label, runs in measured.items():
         results = list(runs.values())
@@ -154,11 +153,25 @@ def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
             "train_seconds": statistics.fmean(run["train_seconds"] for run in results),
             "agent_overhead": statistics.fmean(sum(run["tying_seconds"].values()) / run["train_seconds"] for run in results),
             "versus": rows_versus,
-            "selected": _selected(runs, measured, baselines, compared=rows_versus),
+            "selected": _selected(runs, measured, selection_baselines, compared=rows_versus),
             "accuracy": _accuracy(runs, measured, baselines, compared=rows_versus),
             "provenance": sorted({source(run) for run in results}),
         }
-    return {"rows": rows, "best_static_at_final_budget": best_static}
+    return {"rows": rows, "best_static_at_final_budget": best_static, "best_static_at_best_validation": best_static_selected}
+
+
+def _lowest(labels: list[str], measured: dict[str, dict[int, dict]], loss) -> str | None:
+    """The label among `labels` whose runs have the lowest mean `loss(run)` (None when none of them has run, or,
+    for a loss measured during training, when some run has no such measurement)."""
+    candidates = [label for label in labels if label in measured]
+    try:
+        return min(candidates, key=lambda label: statistics.fmean(loss(run) for run in measured[label].values()), default=None)
+    except KeyError:  # runs made without evaluations during training
+        return None
+
+
+def _lowest_validation_loss(run: dict) -> float:
+    return min(point["validation_loss"] for point in run["validation_curve"])
 
 
 def accuracy_summary(runs: dict[int, dict]) -> dict | None:
@@ -296,16 +309,16 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
             f"| {row['train_seconds']:.0f} | {100 * row['agent_overhead']:.1f}% |"
         )
     lines += _accuracy_lines(rows, payload["runs"])
-    lines += _selection_lines(settings, rows, payload["runs"])
+    lines += _selection_lines(settings, payload)
     if payload["learning_rates"]:
         tuning = payload["learning_rates"]
         chosen = ", ".join(f"{label} {rate:g}" for label, rate in tuning["chosen"].items())
         lines += ["", f"Learning rates chosen on validation loss (seed {tuning['seed']}, grid {tuning['grid']}): {chosen}."]
     lines += ["", "Paired verdicts (test loss" + (" and mean accuracy" if settings.task else "") + ", 95% interval):", ""]
-    lines += _verdict_lines(settings, rows, lambda row: row["versus"])
+    lines += _verdict_lines(settings, rows, lambda row: row["versus"], lambda row: (row["accuracy"] or {}).get("versus", {}))
     if settings.eval_interval:
         lines += ["", "Paired verdicts at each run's best-validation step (the paper's model selection):", ""]
-        lines += _verdict_lines(settings, rows, lambda row: (row["selected"] or {}).get("versus", {}))
+        lines += _verdict_lines(settings, rows, lambda row: (row["selected"] or {}).get("versus", {}), lambda row: {})
     lines += _overhead_lines(payload["runs"].get("dlt", {}))
     lines += _memory_lines(payload["memory"])
     memory = [run | {"label": f"memory: {run['label']}, {run['num_blocks']} blocks"} for run in payload["memory"]]
@@ -314,11 +327,12 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _verdict_lines(settings: BenchSettings, rows: dict[str, dict], differences) -> list[str]:
-    """One line per contrast that carries a conclusion, `differences(row)` giving a row's paired differences: the
-    equal-memory model against full depth and the best fixed layout (does depth, and tying, pay?); DLT and the
-    paper's agent against everything; the final maps trained from scratch against DLT and random (the maps, or the
-    moving between them?)."""
+def _verdict_lines(settings: BenchSettings, rows: dict[str, dict], differences, accuracy_differences) -> list[str]:
+    """One line per contrast that carries a conclusion, `differences(row)` giving a row's paired differences in loss
+    and `accuracy_differences(row)` the same in accuracy (on a task): the equal-memory model against full depth and
+    the best fixed layout (does depth, and tying, pay?); DLT, the paper's agent and the final maps of DLT, random
+    and similarity trained from scratch against every baseline (are learned maps better than random ones, and do the
+    maps or the moving between them cost?)."""
     contrasts = {untied_label(settings): ("none", "best static")} | dict.fromkeys(
         ("dlt", "dlt (paper agent)", FINAL_MAP_LABEL, RANDOM_FINAL_MAP_LABEL, SIMILARITY_FINAL_MAP_LABEL)
     )
@@ -326,7 +340,7 @@ def _verdict_lines(settings: BenchSettings, rows: dict[str, dict], differences) 
     for label, names in contrasts.items():
         if label not in rows:
             continue
-        accuracy_versus = (rows[label]["accuracy"] or {}).get("versus", {})
+        accuracy_versus = accuracy_differences(rows[label])
         for name, difference in differences(rows[label]).items():
             if difference is not None and (names is None or name in names):
                 lines.append(
@@ -344,15 +358,18 @@ def _accuracy_verdict(difference: dict | None) -> str:
     return f"; accuracy: {verdict} ({_cell(difference)})"
 
 
-def _selection_lines(settings: BenchSettings, rows: dict[str, dict], runs: dict[str, dict[int, dict]]) -> list[str]:
+def _selection_lines(settings: BenchSettings, payload: dict) -> list[str]:
     """With evaluations during training: the test loss at each run's best-validation step (the paper's selection;
     a label whose runs are another's is left out)."""
     if not settings.eval_interval:
         return []
+    rows, runs = payload["rows"], payload["runs"]
     lines = [
         "",
         f"Model selection as in the paper: validation and test loss every {settings.eval_interval} steps; each run's "
-        "test loss at its lowest validation loss (paired differences as above).",
+        "test loss at its lowest validation loss (paired differences as above; best static layout: "
+        f"{payload['best_static_at_best_validation']}, the lowest in mean best validation loss). Validation curves "
+        "and selected against last-step test losses: validation_over_steps.png.",
         "",
         "| strategy | test loss at best validation | best step (mean) | vs none | vs untied U | vs random | vs best static | vs dlt |",
         "|---|---|---|---|---|---|---|---|",
@@ -520,7 +537,7 @@ def _plot_validation(settings: BenchSettings, summary: dict, table: dict[str, di
         curves_axes.plot(steps[lowest], means[lowest], marker="o", color=colour)
     curves_axes.set_xlabel("optimizer step")
     curves_axes.set_ylabel("validation loss (nats/token), mean over seeds")
-    curves_axes.set_title("Validation loss over training (dot: lowest)")
+    curves_axes.set_title("Validation loss over training (dot: the mean curve's lowest point)")
     curves_axes.legend(fontsize=8, loc="lower right")
     ordered = sorted(shown, key=lambda label: rows[label]["selected"]["test_loss"], reverse=True)
     for position, label in enumerate(ordered):
@@ -528,11 +545,11 @@ def _plot_validation(settings: BenchSettings, summary: dict, table: dict[str, di
         at_best = (selected["test_loss"], selected["test_loss_half_width"])
         at_last = (row["test_loss"], row["test_loss_half_width"])
         selection_axes.plot([at_best[0], at_last[0]], [position, position], color="lightgrey", zorder=1)
-        for (mean, half), marker, colour in ((at_best, "o", "tab:blue"), (at_last, "s", "tab:red")):
+        for (mean, half), marker, colour in ((at_best, "o", "black"), (at_last, "s", "darkgrey")):
             selection_axes.errorbar(mean, position, xerr=0 if math.isnan(half) else half, fmt=marker, color=colour, capsize=3)
     selection_axes.set_yticks(range(len(ordered)), [f"{label} ({len(rows[label]['seeds'])})" for label in ordered], fontsize=8)
     selection_axes.set_xlabel("test loss (nats/token), mean ± 95% interval")
-    selection_axes.set_title("Test loss at the best-validation step (blue dot)\nand at the last step (red square); (seeds)", fontsize=10)
+    selection_axes.set_title("Test loss at the best-validation step (black dot)\nand at the last step (grey square); (seeds)", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

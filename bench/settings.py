@@ -85,12 +85,13 @@ def check_task(task: str | None) -> None:
 
 PRESETS: dict[str, BenchSettings] = {
     # Every strategy and the memory runs end to end in about 2 minutes on 2 CPU cores: a smoke test, no findings.
-    # Evaluated during training like the paper preset, so that its model selection is smoke-tested too.
+    # Evaluated during training, with dropout, like the paper preset, so that its model selection is smoke-tested too.
     "tiny": BenchSettings(
         n_layer=4, n_embd=32, n_head=2, block_size=32, max_steps=12, batch_size=4, learning_rate=3e-3,
         warmup_steps=0, tying_interval=2, max_distinct_blocks=2, seeds=(0, 1), max_test_blocks=16,
         memory_depths=(4, 8), memory_n_embd=32, memory_n_head=2, memory_max_distinct_blocks=2,
         memory_batch_size=2, memory_steps=4, memory_tying_interval=1, eval_interval=4, max_validation_blocks=16,
+        dropout=0.2,
     ),  # fmt: skip
     # The CPU study: 12 blocks of width 64 (82% of the parameters in blocks), 2,000 steps of 16 x 64 tokens
     # (2 M tokens, 1.3 epochs of the training works: enough to pass a count bigram), 1,000 decisions per DLT run,

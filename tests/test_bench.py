@@ -155,10 +155,13 @@ def test_a_report_mixing_commits_says_which_runs_came_from_which():
         {"label": "dlt", "seed": 1, "commit": "aaa", "versions": versions},
     ]
     assert source_lines(records[:2]) == ["", "Runs came from: commit aaa, torch 2.13.0+cpu"]
-    lines = source_lines(records)
-    assert "MIXED: rerun the rows before comparing them" in lines[1]
-    assert "- commit aaa, torch 2.13.0+cpu: none (0); dlt (0, 1)" in lines
-    assert "- commit bbb, torch 2.13.0+cpu: none (1)" in lines
+    assert source_lines(records) == [
+        "", "Runs came from (MIXED: rerun the rows before comparing them, every run with torch 2.13.0+cpu):", "",
+        "- commit aaa: none (0); dlt (0, 1)", "- commit bbb: none (1)",
+    ]  # fmt: skip
+    records.append({"label": "random", "seed": 0, "commit": "aaa", "versions": {"torch": "2.14.0+cpu"}})
+    assert source_lines(records)[-1] == "- commit aaa, torch 2.14.0+cpu: random (0)"
+    assert source_lines([]) == ["", "Runs came from: no run has finished yet."]
 
 
 @pytest.mark.slow
