@@ -518,14 +518,14 @@ def _plot_accuracy(rows: dict[str, dict], runs: dict[str, dict[int, dict]], path
 
 def _plot_validation(settings: BenchSettings, summary: dict, table: dict[str, dict[int, dict]], path: Path) -> None:
     """Left: validation loss over steps, mean over seeds, for the strategies behind the main contrasts (the best
-    static layout among them), each curve's lowest point marked: where each starts to overfit. Right: every
-    strategy's test loss at its best-validation step (the paper's model selection) beside its last step's, with
-    their intervals: what training past the minimum costs each strategy."""
+    static layout under model selection among them), each curve's lowest point marked: where each starts to
+    overfit. Right: every strategy's test loss at its best-validation step (the paper's model selection) beside its
+    last step's, with their intervals: what training past the minimum costs each strategy."""
     rows = summary["rows"]
     shown = [label for label in rows if rows[label]["selected"] is not None and _same_runs_as(label, table) is None]
     if not shown:  # no study run has finished yet
         return
-    main = {spec.label for spec in core_runs(settings, settings.seeds[0])} | {summary["best_static_at_final_budget"]}
+    main = {spec.label for spec in core_runs(settings, settings.seeds[0])} | {summary["best_static_at_best_validation"]}
     figure, (curves_axes, selection_axes) = plt.subplots(1, 2, figsize=(14, 5.5), width_ratios=(3, 2))
     for index, label in enumerate(label for label in shown if label in main):
         curves = [run["validation_curve"] for run in table[label].values()]
