@@ -133,12 +133,14 @@ def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
     for label, runs in measured.items():
         results = list(runs.values())
         loss, loss_half = interval([run["test_loss"] for run in results])
-        rows_versus = {
-            name: paired_difference(runs, measured[other])
-            for name, other in baselines
-            if other in measured and other != label
-            and (name != "best static" or _same_final_budget(runs, dlt_final))
-        }
+        def contrasts(named_baselines) -> list[tuple[str, str]]:
+            """The baselines this row is paired with: measured, not itself, the best static layout only at its budget."""
+            return [
+                (name, other) for name, other in named_baselines
+                if other in measured and other != label and (name != "best static" or _same_final_budget(runs, dlt_final))
+            ]  # fmt: skip
+
+        rows_versus = {name: paired_difference(runs, measured[other]) for name, other in contrasts(baselines)}
         rows[label] = {
             "seeds": sorted(runs),
             "test_loss": loss,
@@ -153,7 +155,7 @@ def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
             "train_seconds": statistics.fmean(run["train_seconds"] for run in results),
             "agent_overhead": statistics.fmean(sum(run["tying_seconds"].values()) / run["train_seconds"] for run in results),
             "versus": rows_versus,
-            "selected": _selected(runs, measured, selection_baselines, compared=rows_versus),
+            "selected": _selected(runs, measured, contrasts(selection_baselines)),
             "accuracy": _accuracy(runs, measured, baselines, compared=rows_versus),
             "provenance": sorted({source(run) for run in results}),
         }
@@ -199,16 +201,16 @@ def _accuracy(runs: dict[int, dict], measured: dict[str, dict[int, dict]], basel
     return {**summary, "versus": versus}
 
 
-def _selected(runs: dict[int, dict], measured: dict[str, dict[int, dict]], baselines, compared: dict) -> dict | None:
+def _selected(runs: dict[int, dict], measured: dict[str, dict[int, dict]], contrasts: list[tuple[str, str]]) -> dict | None:
     """The paper's model selection: test loss at each run's best-validation step, and its paired differences with
-    the baselines the last step's loss is `compared` with."""
+    the (name, label) baselines of `contrasts` (the best static layout among them the one chosen this way)."""
     if not all("test_loss_at_best_validation" in run for run in runs.values()):
         return None
     loss, half = interval([run["test_loss_at_best_validation"] for run in runs.values()])
     versus = {
         name: paired_difference(runs, measured[other], key="test_loss_at_best_validation")
-        for name, other in baselines
-        if name in compared and all("test_loss_at_best_validation" in run for run in measured[other].values())
+        for name, other in contrasts
+        if all("test_loss_at_best_validation" in run for run in measured[other].values())
     }
     steps = statistics.fmean(run["best_validation_step"] for run in runs.values())
     return {"test_loss": loss, "test_loss_half_width": half, "best_validation_step": steps, "versus": versus}
