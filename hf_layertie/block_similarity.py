@@ -40,7 +40,8 @@ def block_angular_distances(model: TiedBlocksMixin, inputs: Mapping[str, torch.T
     (attention_mask 0) are left out. Returns one value in [0, 1] per block.
     """
     blocks = model.tied_blocks
-    sums = [torch.zeros((), dtype=torch.float64) for _ in blocks]
+    device = next(model.parameters()).device
+    sums = [torch.zeros((), dtype=torch.float64, device=device) for _ in blocks]
     mask = inputs.get("attention_mask")
 
     def measure(index: int):
