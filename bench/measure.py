@@ -244,7 +244,7 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
         "tying_seconds": trainer.tying_seconds,
         "tying_decisions": len(trainer.tying_records),
         "learning_rate": args.learning_rate,
-        **provenance(),
+        **provenance(on_gpu=settings.use_gpu),
     }
     if memory:
         result["retie_ms"] = retie_milliseconds(model)

@@ -9,11 +9,15 @@ from collections import defaultdict
 from importlib.metadata import version
 from pathlib import Path
 
+import torch
+
 PACKAGES = ("torch", "transformers", "accelerate", "datasets", "peft")
 
 
-def provenance() -> dict:
-    """`commit` (with `+dirty` when the work tree differs from it; None outside git), `python` and `versions`."""
+def provenance(on_gpu: bool = False) -> dict:
+    """`commit` (with `+dirty` when the work tree differs from it; None outside git), `python`, `versions` and
+    `hardware`: the GPU a run trained on (`on_gpu`), else this machine's processor, so that a report names the machine
+    that measured its runs, not the one that wrote it."""
     root = Path(__file__).resolve().parents[1]
 
     def git(*arguments: str) -> str | None:
@@ -25,7 +29,29 @@ def provenance() -> dict:
     commit = git("rev-parse", "HEAD")
     if commit is not None and git("status", "--porcelain", "--untracked-files=no"):
         commit += "+dirty"
-    return {"commit": commit, "python": platform.python_version(), "versions": {name: version(name) for name in PACKAGES}}
+    return {
+        "commit": commit,
+        "python": platform.python_version(),
+        "versions": {name: version(name) for name in PACKAGES},
+        "hardware": torch.cuda.get_device_name() if on_gpu else processor_name(),
+    }
+
+
+def processor_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
+
+
+def hardware(records: list[dict], threads_per_run: int | None) -> str:
+    """The machines that measured `records`, as recorded in them; records from before the field existed are
+    counted as such, beside the machine writing the report, rather than attributed to it."""
+    recorded = sorted({record["hardware"] for record in records if "hardware" in record})
+    unrecorded = sum("hardware" not in record for record in records)
+    threads = f", {threads_per_run} thread(s) per run on a CPU" if threads_per_run else ""
+    named = "; ".join(recorded) + threads if recorded else ""
+    missing = f"{unrecorded} run(s) from before runs recorded their machine (this report was written on {processor_name()})" if unrecorded else ""
+    return " and ".join(part for part in (named, missing) if part) or "no run has finished yet"
 
 
 def source(record: dict, with_versions: bool = True) -> str:

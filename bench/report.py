@@ -2,14 +2,15 @@
 
 Intervals are 95% Student-t intervals over seeds. A difference is a paired difference: the same seed (same initial
 weights, same data order) under two strategies, so the seed-to-seed spread cancels. A difference whose interval
-contains 0 is reported as "no difference detected", whatever the sign of its mean.
+contains 0 is reported as "no difference detected", whatever the sign of its mean. A loss difference also gets an
+equivalence test against a margin of 0.05 nats, fixed in issue 18 before the runs it judges: two one-sided tests at
+5% (the 90% interval inside +/- 0.05), so that "no difference" says whether the difference was shown to be small.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import platform
 import statistics
 from pathlib import Path
 
@@ -17,10 +18,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from .provenance import source, source_lines  # noqa: E402
+from .provenance import hardware, source, source_lines  # noqa: E402
 from .settings import (  # noqa: E402
     FINAL_MAP_LABEL,
     RANDOM_FINAL_MAP_LABEL,
@@ -97,13 +97,29 @@ def interval(values: list[float]) -> tuple[float, float]:
     return mean, float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
 
 
+EQUIVALENCE_MARGIN = 0.05  # nats per token
+LOSS_KEYS = ("test_loss", "test_loss_at_best_validation")
+
+
 def paired_difference(runs: dict[int, dict], baseline: dict[int, dict], key: str = "test_loss") -> dict | None:
-    """Mean and interval of runs[seed][key] - baseline[seed][key] over the seeds both have."""
+    """Mean and interval of runs[seed][key] - baseline[seed][key] over the seeds both have; for a loss, also
+    whether it is shown to lie within +/- EQUIVALENCE_MARGIN."""
     seeds = sorted(runs.keys() & baseline.keys())
     if not seeds:
         return None
-    mean, half = interval([runs[seed][key] - baseline[seed][key] for seed in seeds])
-    return {"mean": mean, "half_width": half, "seeds": len(seeds), "verdict": _verdict(mean, half)}
+    differences = [runs[seed][key] - baseline[seed][key] for seed in seeds]
+    mean, half = interval(differences)
+    difference = {"mean": mean, "half_width": half, "seeds": len(seeds), "verdict": _verdict(mean, half)}
+    if key in LOSS_KEYS and len(seeds) > 1:
+        difference["equivalent_within_margin"] = equivalent(differences, EQUIVALENCE_MARGIN)
+    return difference
+
+
+def equivalent(differences: list[float], margin: float) -> bool:
+    """Two one-sided t-tests at 5% each: is the mean difference shown to be above -margin and below +margin?"""
+    mean = statistics.fmean(differences)
+    half_90 = float(stats.t.ppf(0.95, len(differences) - 1)) * statistics.stdev(differences) / math.sqrt(len(differences))
+    return abs(mean) + half_90 < margin
 
 
 def _verdict(mean: float, half: float) -> str:
@@ -234,16 +250,17 @@ def _cell(difference: dict | None) -> str:
     return estimate(difference["mean"], difference["half_width"], signed=True)
 
 
+PROCESS_PEAK_NAMES = {"cuda_max_memory_allocated": "peak CUDA allocated", "cpu_vm_hwm": "peak RSS", "cpu_max_rss_bytes_macos": "peak RSS"}
+
+
+def _process_peak_name(runs: list[dict]) -> str:
+    """What the process-peak column measured: the resident set on a CPU, allocated CUDA memory on a GPU."""
+    return " / ".join(sorted({PROCESS_PEAK_NAMES[run["peak_process_kind"]] for run in runs})) or "peak RSS"
+
+
 def verdict_cell(difference: dict | None) -> str:
     """A paired difference with its verdict, e.g. `+0.116 ± 0.051 (higher)`; blank for none."""
     return f"{_cell(difference)} ({difference['verdict']})" if difference else ""
-
-
-def _hardware(settings: BenchSettings) -> str:
-    if settings.use_gpu and torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else platform.processor()
-    return f"{model}, {settings.num_threads or torch.get_num_threads()} thread(s) per run"
 
 
 def write_report(settings: BenchSettings, output: Path) -> Path:
@@ -255,7 +272,7 @@ def write_report(settings: BenchSettings, output: Path) -> Path:
     payload = {
         "settings": json.loads(settings.fingerprint()) | {"seeds": list(settings.seeds)},
         "learning_rates": json.loads(tuning.read_text()) if tuning.is_file() else None,
-        "hardware": _hardware(settings),
+        "hardware": hardware([run for label, runs in table.items() if _same_runs_as(label, table) is None for run in runs.values()] + memory, settings.num_threads),
         "baselines": baselines,
         **summary,
         "memory": memory,
@@ -275,6 +292,7 @@ def write_report(settings: BenchSettings, output: Path) -> Path:
 
 
 def _markdown(settings: BenchSettings, payload: dict) -> str:
+    study = [run for label, runs in payload["runs"].items() if _same_runs_as(label, payload["runs"]) is None for run in runs.values()]
     rows, best = payload["rows"], payload["best_static_at_final_budget"]
     data = f"task `{settings.task}`" if settings.task else "`shakespeare-bpe` (2,048 tokens)"
     bigram = payload["baselines"]["bigram_test_loss"]
@@ -294,7 +312,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
         f"`{untied_label(settings)}` is conventional training of a model with as many blocks as the budget: the same "
         f"parameters, gradients and optimizer state as a tied model with U distinct blocks. Memory in MiB.",
         "",
-        "| strategy | seeds | test loss | ppl | distinct final / mean / peak | vs none | vs untied U | vs random | vs best static | peak state MiB | peak RSS MiB | train s | agent time |",
+        "| strategy | seeds | test loss | ppl | distinct final / mean / peak | vs none | vs untied U | vs random | vs best static | peak state MiB | " + _process_peak_name(study) + " MiB | train s | agent time |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, row in rows.items():
@@ -324,7 +342,6 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
     lines += _overhead_lines(payload["runs"].get("dlt", {}))
     lines += _memory_lines(payload["memory"])
     memory = [run | {"label": f"memory: {run['label']}, {run['num_blocks']} blocks"} for run in payload["memory"]]
-    study = [run for label, runs in payload["runs"].items() if _same_runs_as(label, payload["runs"]) is None for run in runs.values()]
     lines += source_lines(study + memory)
     return "\n".join(lines) + "\n"
 
@@ -346,10 +363,17 @@ def _verdict_lines(settings: BenchSettings, rows: dict[str, dict], differences, 
         for name, difference in differences(rows[label]).items():
             if difference is not None and (names is None or name in names):
                 lines.append(
-                    f"- {label} vs {name}: {difference['verdict']} ({_cell(difference)} nats, {difference['seeds']} seeds)"
-                    + _accuracy_verdict(accuracy_versus.get(name))
+                    f"- {label} vs {name}: {difference['verdict']} ({_cell(difference)} nats, {difference['seeds']} seeds"
+                    + _equivalence_note(difference) + ")" + _accuracy_verdict(accuracy_versus.get(name))
                 )
     return lines
+
+
+def _equivalence_note(difference: dict) -> str:
+    if difference["verdict"] != "no difference detected" or "equivalent_within_margin" not in difference:
+        return ""
+    shown = "shown" if difference["equivalent_within_margin"] else "not shown"
+    return f"; {shown} to be within ±{EQUIVALENCE_MARGIN} nats"
 
 
 def _accuracy_verdict(difference: dict | None) -> str:
@@ -439,12 +463,13 @@ def _memory_lines(memory: list[dict]) -> list[str]:
     by_depth: dict[int, dict[str, dict]] = {}
     for result in memory:
         by_depth.setdefault(result["num_blocks"], {})[result["strategy"]] = result
+    peak = _process_peak_name(memory)
     lines = [
         "",
         "Memory over depth (one seed): peak training state (parameters + gradients + AdamW state, live tensors, "
         "peak over the run) and process peak.",
         "",
-        "| blocks | none: state MiB | dlt: state MiB | dlt / none | none: peak RSS MiB | dlt: peak RSS MiB | dlt distinct peak | retie ms |",
+        f"| blocks | none: state MiB | dlt: state MiB | dlt / none | none: {peak} MiB | dlt: {peak} MiB | dlt distinct peak | retie ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for depth, runs in sorted(by_depth.items()):

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # `bench` is a folder of the repository, not part of the installed package
 
+from bench.provenance import processor_name  # noqa: E402
 from bench.report import interval  # noqa: E402
 from bench.settings import PRESETS, BenchArguments, resolve_settings  # noqa: E402
 
@@ -52,6 +53,7 @@ def test_every_strategy_has_every_seed_and_a_row(tiny_bench):
     table = (folder / "results.md").read_text()
     assert all(table.count(f"\n| {label} | {len(TINY.seeds)} |") == 1 for label in labels)
     assert len(list(folder.glob("study/*/seed*/log.txt"))) >= 9 * len(TINY.seeds)  # each run its own process
+    assert f"Hardware: {processor_name()}, 1 thread(s) per run on a CPU." in table  # recorded by every run
 
 
 @pytest.mark.slow
@@ -164,6 +166,17 @@ def test_a_report_mixing_commits_says_which_runs_came_from_which():
     assert source_lines([]) == ["", "Runs came from: no run has finished yet."]
 
 
+def test_a_report_names_the_machine_its_runs_recorded_not_the_one_writing_it():
+    from bench.provenance import hardware
+
+    on_gpu = [{"hardware": "NVIDIA H100 80GB HBM3"}, {"hardware": "NVIDIA H100 80GB HBM3"}]
+    assert hardware(on_gpu, None) == "NVIDIA H100 80GB HBM3"
+    assert hardware([{"hardware": "AMD EPYC"}], 1) == "AMD EPYC, 1 thread(s) per run on a CPU"
+    mixed = hardware([*on_gpu, {}], None)
+    assert mixed.startswith("NVIDIA H100 80GB HBM3 and 1 run(s) from before runs recorded their machine")
+    assert processor_name() in mixed
+
+
 @pytest.mark.slow
 def test_every_run_reports_the_test_loss_at_its_best_validation_step_and_the_report_pairs_it(tiny_bench):
     folder, results = tiny_bench
@@ -210,6 +223,22 @@ def test_interval_is_the_student_t_interval():
     mean, half = interval([1.0, 2.0, 3.0])
     assert mean == 2.0 and half == pytest.approx(stats.t.ppf(0.975, 2) / math.sqrt(3))
     assert math.isnan(interval([1.0])[1])
+
+
+def test_no_difference_gets_a_size_from_an_equivalence_test_on_losses_only():
+    from bench.report import paired_difference
+
+    def runs(offset, deltas):
+        return {seed: {"test_loss": 4.0 + offset + delta, "mean_accuracy": 0.5 + delta} for seed, delta in enumerate(deltas)}
+
+    baseline = runs(0.0, [0.0] * 5)
+    spread = [0.01, -0.01, 0.0, 0.005, -0.005]  # 90% half-width 0.0075
+    assert paired_difference(runs(0.0, spread), baseline)["equivalent_within_margin"] is True
+    assert paired_difference(runs(0.045, spread), baseline)["equivalent_within_margin"] is False  # 0.045 + 0.0075 > 0.05
+    wide = paired_difference(runs(0.0, [0.08, -0.08, 0.0, 0.04, -0.04]), baseline)  # 90% half-width 0.060
+    assert wide["verdict"] == "no difference detected" and wide["equivalent_within_margin"] is False
+    assert "equivalent_within_margin" not in paired_difference(runs(0.0, spread), baseline, key="mean_accuracy")
+    assert "equivalent_within_margin" not in paired_difference({0: baseline[0]}, baseline)
 
 
 @pytest.mark.parametrize(
