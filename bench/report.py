@@ -174,6 +174,7 @@ def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
             "selected": _selected(runs, measured, contrasts(selection_baselines)),
             "accuracy": _accuracy(runs, measured, baselines, compared=rows_versus),
             "provenance": sorted({source(run) for run in results}),
+            "same_runs_as": _same_runs_as(label, measured),
         }
     return {"rows": rows, "best_static_at_final_budget": best_static, "best_static_at_best_validation": best_static_selected}
 
@@ -272,16 +273,16 @@ def write_report(settings: BenchSettings, output: Path) -> Path:
     payload = {
         "settings": json.loads(settings.fingerprint()) | {"seeds": list(settings.seeds)},
         "learning_rates": json.loads(tuning.read_text()) if tuning.is_file() else None,
-        "hardware": hardware([run for label, runs in table.items() if _same_runs_as(label, table) is None for run in runs.values()] + memory, settings.num_threads),
+        "hardware": hardware(_distinct_runs(summary["rows"], table) + memory, settings.num_threads),
         "baselines": baselines,
         **summary,
         "memory": memory,
         "runs": {label: runs for label, runs in table.items()},
     }
     (output / "results.json").write_text(json.dumps(payload, indent=2))
-    _plot_quality(summary["rows"], table, baselines["bigram_test_loss"], output / "quality_vs_distinct.png")
+    _plot_quality(summary["rows"], baselines["bigram_test_loss"], output / "quality_vs_distinct.png")
     if settings.task is not None:
-        _plot_accuracy(summary["rows"], table, output / "accuracy_by_hops.png")
+        _plot_accuracy(summary["rows"], output / "accuracy_by_hops.png")
     if memory:
         _plot_memory(memory, output / "memory_vs_depth.png")
     if settings.eval_interval:
@@ -292,7 +293,7 @@ def write_report(settings: BenchSettings, output: Path) -> Path:
 
 
 def _markdown(settings: BenchSettings, payload: dict) -> str:
-    study = [run for label, runs in payload["runs"].items() if _same_runs_as(label, payload["runs"]) is None for run in runs.values()]
+    study = _distinct_runs(payload["rows"], payload["runs"])
     rows, best = payload["rows"], payload["best_static_at_final_budget"]
     data = f"task `{settings.task}`" if settings.task else "`shakespeare-bpe` (2,048 tokens)"
     bigram = payload["baselines"]["bigram_test_loss"]
@@ -316,7 +317,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, row in rows.items():
-        twin = _same_runs_as(label, payload["runs"])
+        twin = row["same_runs_as"]
         if twin is not None:  # e.g. DLT's mean budget rounds to its final one in every seed
             lines.append(f"| {label} | {len(row['seeds'])} | the same runs as {twin} |" + " |" * 10)
             continue
@@ -328,7 +329,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
             f"| {_cell(versus.get('best static'))} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} "
             f"| {row['train_seconds']:.0f} | {100 * row['agent_overhead']:.1f}% |"
         )
-    lines += _accuracy_lines(rows, payload["runs"])
+    lines += _accuracy_lines(rows)
     lines += _selection_lines(settings, payload)
     if payload["learning_rates"]:
         tuning = payload["learning_rates"]
@@ -389,7 +390,7 @@ def _selection_lines(settings: BenchSettings, payload: dict) -> list[str]:
     a label whose runs are another's is left out)."""
     if not settings.eval_interval:
         return []
-    rows, runs = payload["rows"], payload["runs"]
+    rows = payload["rows"]
     lines = [
         "",
         f"Model selection as in the paper: validation and test loss every {settings.eval_interval} steps; each run's "
@@ -402,7 +403,7 @@ def _selection_lines(settings: BenchSettings, payload: dict) -> list[str]:
     ]
     for label, row in rows.items():
         selected = row["selected"]
-        if selected is None or _same_runs_as(label, runs) is not None:
+        if selected is None or row["same_runs_as"] is not None:
             continue
         versus = selected["versus"]
         lines.append(
@@ -413,10 +414,10 @@ def _selection_lines(settings: BenchSettings, payload: dict) -> list[str]:
     return lines
 
 
-def _accuracy_lines(rows: dict[str, dict], runs: dict[str, dict[int, dict]]) -> list[str]:
+def _accuracy_lines(rows: dict[str, dict]) -> list[str]:
     """On a task: test accuracy per hop count, and the paired differences of its mean over hop counts (a label
     whose runs are another's is left out)."""
-    measured = {label: row["accuracy"] for label, row in rows.items() if row["accuracy"] and _same_runs_as(label, runs) is None}
+    measured = {label: row["accuracy"] for label, row in rows.items() if row["accuracy"] and row["same_runs_as"] is None}
     if not measured:
         return []
     hops = list(next(iter(measured.values()))["by_hops"])
@@ -446,6 +447,11 @@ def _same_runs_as(label: str, runs: dict[str, dict[int, dict]]) -> str | None:
         if runs[other] and runs[other] == runs[label]:
             return other
     return None
+
+
+def _distinct_runs(rows: dict[str, dict], runs: dict[str, dict[int, dict]]) -> list[dict]:
+    """Every run once, though a run may serve two labels."""
+    return [run for label, row in rows.items() if row["same_runs_as"] is None for run in runs[label].values()]
 
 
 def _overhead_lines(dlt_runs: dict[int, dict]) -> list[str]:
@@ -490,10 +496,10 @@ def _memory_lines(memory: list[dict]) -> list[str]:
     return lines
 
 
-def _plot_quality(rows: dict[str, dict], runs: dict[str, dict[int, dict]], bigram: float | None, path: Path) -> None:
+def _plot_quality(rows: dict[str, dict], bigram: float | None, path: Path) -> None:
     """Test loss with its interval against the blocks that owned weights on average, one marker per strategy (a
     label whose runs are another's is left out); strategies at the same budget are spread a little sideways."""
-    shown = [label for label in rows if _same_runs_as(label, runs) is None]
+    shown = [label for label in rows if rows[label]["same_runs_as"] is None]
     figure, axes = plt.subplots(figsize=(8, 5))
     at_budget: dict[float, int] = {}
     for index, label in enumerate(shown):
@@ -518,10 +524,10 @@ def _plot_quality(rows: dict[str, dict], runs: dict[str, dict[int, dict]], bigra
     plt.close(figure)
 
 
-def _plot_accuracy(rows: dict[str, dict], runs: dict[str, dict[int, dict]], path: Path) -> None:
+def _plot_accuracy(rows: dict[str, dict], path: Path) -> None:
     """Test accuracy against hop count with its interval, one line per strategy (a label whose runs are another's
     is left out)."""
-    shown = [label for label, row in rows.items() if row["accuracy"] and _same_runs_as(label, runs) is None]
+    shown = [label for label, row in rows.items() if row["accuracy"] and row["same_runs_as"] is None]
     if not shown:  # no study run has finished yet
         return
     figure, axes = plt.subplots(figsize=(8, 5))
@@ -549,7 +555,7 @@ def _plot_validation(settings: BenchSettings, summary: dict, table: dict[str, di
     overfit. Right: every strategy's test loss at its best-validation step (the paper's model selection) beside its
     last step's, with their intervals: what training past the minimum costs each strategy."""
     rows = summary["rows"]
-    shown = [label for label in rows if rows[label]["selected"] is not None and _same_runs_as(label, table) is None]
+    shown = [label for label in rows if rows[label]["selected"] is not None and rows[label]["same_runs_as"] is None]
     if not shown:  # no study run has finished yet
         return
     main = {spec.label for spec in core_runs(settings, settings.seeds[0])} | {summary["best_static_at_best_validation"]}
