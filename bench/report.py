@@ -3,7 +3,7 @@
 Intervals are 95% Student-t intervals over seeds. A difference is a paired difference: the same seed (same initial
 weights, same data order) under two strategies, so the seed-to-seed spread cancels. A difference whose interval
 contains 0 is reported as "no difference detected", whatever the sign of its mean. A loss difference also gets an
-equivalence test against a margin of 0.05 nats, fixed in issue 18 before the runs it judges: two one-sided tests at
+equivalence test against a margin of 0.05 nats, proposed in issue 18 before the runs it judges: two one-sided tests at
 5% (the 90% interval inside +/- 0.05), so that "no difference" says whether the difference was shown to be small.
 """
 
