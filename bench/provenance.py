@@ -1,5 +1,6 @@
-"""Where a measured number came from: the commit of this repository and the versions of the stack, recorded in
-every run record so that runs from other code or versions are never mixed into one table unnoticed."""
+"""Where a measured number came from: the commit of this repository, the versions of the stack and the machine,
+recorded in every run record so that runs from other code, versions or machines are never mixed into one table
+unnoticed, and a report names the machine that measured its runs."""
 
 from __future__ import annotations
 
@@ -16,8 +17,7 @@ PACKAGES = ("torch", "transformers", "accelerate", "datasets", "peft")
 
 def provenance(on_gpu: bool = False) -> dict:
     """`commit` (with `+dirty` when the work tree differs from it; None outside git), `python`, `versions` and
-    `hardware`: the GPU a run trained on (`on_gpu`), else this machine's processor, so that a report names the machine
-    that measured its runs, not the one that wrote it."""
+    `hardware`: the GPU a run trained on (`on_gpu`), else this machine's processor and the threads torch uses."""
     root = Path(__file__).resolve().parents[1]
 
     def git(*arguments: str) -> str | None:
@@ -33,25 +33,25 @@ def provenance(on_gpu: bool = False) -> dict:
         "commit": commit,
         "python": platform.python_version(),
         "versions": {name: version(name) for name in PACKAGES},
-        "hardware": torch.cuda.get_device_name() if on_gpu else processor_name(),
+        "hardware": torch.cuda.get_device_name() if on_gpu else f"{processor_name()}, {torch.get_num_threads()} thread(s) per run",
     }
 
 
 def processor_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what `platform` knows of it."""
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
+    named = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    return named or platform.processor() or platform.machine() or "unknown CPU"
 
 
-def hardware(records: list[dict], threads_per_run: int | None) -> str:
+def hardware(records: list[dict]) -> str:
     """The machines that measured `records`, as recorded in them; records from before the field existed are
     counted as such, beside the machine writing the report, rather than attributed to it."""
-    recorded = sorted({record["hardware"] for record in records if "hardware" in record})
+    recorded = "; ".join(sorted({record["hardware"] for record in records if "hardware" in record}))
     unrecorded = sum("hardware" not in record for record in records)
-    threads = f", {threads_per_run} thread(s) per run on a CPU" if threads_per_run else ""
-    named = "; ".join(recorded) + threads if recorded else ""
     missing = f"{unrecorded} run(s) from before runs recorded their machine (this report was written on {processor_name()})" if unrecorded else ""
-    return " and ".join(part for part in (named, missing) if part) or "no run has finished yet"
+    return " and ".join(part for part in (recorded, missing) if part) or "no run has finished yet"
 
 
 def source(record: dict, with_versions: bool = True) -> str:

@@ -261,7 +261,7 @@ def _process_peak_name(runs: list[dict]) -> str:
 
 def verdict_cell(difference: dict | None) -> str:
     """A paired difference with its verdict, e.g. `+0.116 ± 0.051 (higher)`; blank for none."""
-    return f"{_cell(difference)} ({difference['verdict']})" if difference else ""
+    return f"{_cell(difference)} ({difference['verdict']}{_equivalence_note(difference)})" if difference else ""
 
 
 def write_report(settings: BenchSettings, output: Path) -> Path:
@@ -273,7 +273,7 @@ def write_report(settings: BenchSettings, output: Path) -> Path:
     payload = {
         "settings": json.loads(settings.fingerprint()) | {"seeds": list(settings.seeds)},
         "learning_rates": json.loads(tuning.read_text()) if tuning.is_file() else None,
-        "hardware": hardware(_distinct_runs(summary["rows"], table) + memory, settings.num_threads),
+        "hardware": hardware(_distinct_runs(table) + memory),
         "baselines": baselines,
         **summary,
         "memory": memory,
@@ -293,7 +293,7 @@ def write_report(settings: BenchSettings, output: Path) -> Path:
 
 
 def _markdown(settings: BenchSettings, payload: dict) -> str:
-    study = _distinct_runs(payload["rows"], payload["runs"])
+    study = _distinct_runs(payload["runs"])
     rows, best = payload["rows"], payload["best_static_at_final_budget"]
     data = f"task `{settings.task}`" if settings.task else "`shakespeare-bpe` (2,048 tokens)"
     bigram = payload["baselines"]["bigram_test_loss"]
@@ -449,9 +449,13 @@ def _same_runs_as(label: str, runs: dict[str, dict[int, dict]]) -> str | None:
     return None
 
 
-def _distinct_runs(rows: dict[str, dict], runs: dict[str, dict[int, dict]]) -> list[dict]:
-    """Every run once, though a run may serve two labels."""
-    return [run for label, row in rows.items() if row["same_runs_as"] is None for run in runs[label].values()]
+def _distinct_runs(table: dict[str, dict[int, dict]]) -> list[dict]:
+    """Every run record once, though one run may serve two labels (in every seed or only in some)."""
+    unique: dict[tuple, dict] = {}
+    for runs in table.values():
+        for run in runs.values():
+            unique.setdefault((run["label"], run["seed"], run.get("learning_rate")), run)
+    return list(unique.values())
 
 
 def _overhead_lines(dlt_runs: dict[int, dict]) -> list[str]:

@@ -138,7 +138,7 @@ PRESETS: dict[str, BenchSettings] = {
     # loss 0.70 and test loss 5.30, memorised; and a run took 257 s alone, so its 5 x 13-15 runs did not fit one session.
     "gpu": BenchSettings(
         n_layer=12, n_embd=384, n_head=6, block_size=256, max_steps=2000, batch_size=16, learning_rate=1e-3,
-        warmup_steps=100, tying_interval=15, max_distinct_blocks=4, seeds=(0, 1, 2, 3, 4), max_test_blocks=None,
+        warmup_steps=100, tying_interval=15, max_distinct_blocks=4, seeds=(0, 1, 2, 3, 4), max_test_blocks=256,
         memory_depths=(12, 24, 48), memory_n_embd=768, memory_n_head=12, memory_max_distinct_blocks=8,
         memory_batch_size=8, memory_steps=60, memory_tying_interval=2, num_threads=None, use_gpu=True, dropout=0.2,
         eval_interval=100, max_validation_blocks=64,

@@ -40,8 +40,7 @@ def block_angular_distances(model: TiedBlocksMixin, inputs: Mapping[str, torch.T
     (attention_mask 0) are left out. Returns one value in [0, 1] per block.
     """
     blocks = model.tied_blocks
-    device = next(model.parameters()).device
-    sums = [torch.zeros((), dtype=torch.float64, device=device) for _ in blocks]
+    sums: list[torch.Tensor | float] = [0.0 for _ in blocks]  # each block's sum stays on the device its output is on
     mask = inputs.get("attention_mask")
 
     def measure(index: int):
@@ -50,7 +49,7 @@ def block_angular_distances(model: TiedBlocksMixin, inputs: Mapping[str, torch.T
             after = _hidden_state(output).float()
             cosine = torch.nn.functional.cosine_similarity(before, after, dim=-1).clamp(-1.0, 1.0)
             angles = torch.arccos(cosine) / torch.pi
-            sums[index] += (angles * mask).sum() if mask is not None else angles.sum()
+            sums[index] = sums[index] + ((angles * mask).sum() if mask is not None else angles.sum()).double()
 
         return hook
 

@@ -53,7 +53,9 @@ def test_every_strategy_has_every_seed_and_a_row(tiny_bench):
     table = (folder / "results.md").read_text()
     assert all(table.count(f"\n| {label} | {len(TINY.seeds)} |") == 1 for label in labels)
     assert len(list(folder.glob("study/*/seed*/log.txt"))) >= 9 * len(TINY.seeds)  # each run its own process
-    assert f"Hardware: {processor_name()}, 1 thread(s) per run on a CPU." in table  # recorded by every run
+    assert f"Hardware: {processor_name()}, 1 thread(s) per run." in table  # recorded by every run
+    assert "| peak state MiB | peak RSS MiB |" in table
+    assert "seeds; not shown to be within ±0.05 nats)" in table  # 2 seeds: t = 12.7, no interval is that narrow
 
 
 @pytest.mark.slow
@@ -166,15 +168,21 @@ def test_a_report_mixing_commits_says_which_runs_came_from_which():
     assert source_lines([]) == ["", "Runs came from: no run has finished yet."]
 
 
-def test_a_report_names_the_machine_its_runs_recorded_not_the_one_writing_it():
+def test_a_report_names_the_machines_its_runs_recorded_and_counts_each_run_once():
     from bench.provenance import hardware
+    from bench.report import _distinct_runs
 
-    on_gpu = [{"hardware": "NVIDIA H100 80GB HBM3"}, {"hardware": "NVIDIA H100 80GB HBM3"}]
-    assert hardware(on_gpu, None) == "NVIDIA H100 80GB HBM3"
-    assert hardware([{"hardware": "AMD EPYC"}], 1) == "AMD EPYC, 1 thread(s) per run on a CPU"
-    mixed = hardware([*on_gpu, {}], None)
-    assert mixed.startswith("NVIDIA H100 80GB HBM3 and 1 run(s) from before runs recorded their machine")
-    assert processor_name() in mixed
+    gpu = {"label": "none", "seed": 0, "learning_rate": 1e-3, "hardware": "NVIDIA H100 80GB HBM3"}
+    cpu = {"label": "dlt", "seed": 0, "learning_rate": 1e-3, "hardware": "AMD EPYC, 1 thread(s) per run"}
+    old = {"label": "dlt", "seed": 1, "learning_rate": 1e-3}
+    # `random final map` reuses dlt's seed-0 run (the same map) but has a run of its own in seed 1.
+    table = {"none": {0: gpu}, "dlt": {0: cpu, 1: old}, "random final map": {0: dict(cpu), 1: {**old, "label": "random final map"}}}
+    runs = _distinct_runs(table)
+    assert len(runs) == 4
+    assert hardware(runs[:2]) == "AMD EPYC, 1 thread(s) per run; NVIDIA H100 80GB HBM3"
+    described = hardware(runs)
+    assert described.startswith("AMD EPYC, 1 thread(s) per run; NVIDIA H100 80GB HBM3 and 2 run(s) from before runs recorded")
+    assert f"(this report was written on {processor_name()})" in described and processor_name()
 
 
 @pytest.mark.slow
@@ -235,6 +243,7 @@ def test_no_difference_gets_a_size_from_an_equivalence_test_on_losses_only():
     spread = [0.01, -0.01, 0.0, 0.005, -0.005]  # 90% half-width 0.0075
     assert paired_difference(runs(0.0, spread), baseline)["equivalent_within_margin"] is True
     assert paired_difference(runs(0.045, spread), baseline)["equivalent_within_margin"] is False  # 0.045 + 0.0075 > 0.05
+    assert paired_difference(runs(-0.045, spread), baseline)["equivalent_within_margin"] is False  # and below -0.05
     wide = paired_difference(runs(0.0, [0.08, -0.08, 0.0, 0.04, -0.04]), baseline)  # 90% half-width 0.060
     assert wide["verdict"] == "no difference detected" and wide["equivalent_within_margin"] is False
     assert "equivalent_within_margin" not in paired_difference(runs(0.0, spread), baseline, key="mean_accuracy")
