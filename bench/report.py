@@ -593,12 +593,14 @@ def _plot_validation(settings: BenchSettings, summary: dict, table: dict[str, di
 
 
 def _plot_memory(memory: list[dict], path: Path) -> None:
+    """Training state and process peak against depth, for conventional training and DLT under its cap (log scale)."""
+    peak = _process_peak_name(memory)
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for strategy, marker, colour in (("none", "o", "black"), ("dlt", "s", "tab:red")):
         points = sorted((run["num_blocks"], run) for run in memory if run["strategy"] == strategy)
         depths = [depth for depth, _ in points]
         axes.plot(depths, [run["peak_state_bytes"] / MIB for _, run in points], marker=marker, color=colour, label=f"{strategy}: training state")
-        axes.plot(depths, [run["peak_process_bytes"] / MIB for _, run in points], marker=marker, color=colour, linestyle=":", label=f"{strategy}: process peak")
+        axes.plot(depths, [run["peak_process_bytes"] / MIB for _, run in points], marker=marker, color=colour, linestyle=":", label=f"{strategy}: {peak}")
     axes.set_xlabel("blocks")
     axes.set_ylabel("peak memory (MiB)")
     axes.set_yscale("log")
