@@ -89,12 +89,12 @@ def collect_study(settings: BenchSettings, output: Path) -> dict[str, dict[int, 
     return table
 
 
-def interval(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% t-interval (nan with fewer than 2 values)."""
+def interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Mean and the half-width of its two-sided t-interval at `confidence` (nan with fewer than 2 values)."""
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, math.nan
-    return mean, float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, float(stats.t.ppf((1 + confidence) / 2, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
 
 
 EQUIVALENCE_MARGIN = 0.05  # nats per token
@@ -116,9 +116,9 @@ def paired_difference(runs: dict[int, dict], baseline: dict[int, dict], key: str
 
 
 def equivalent(differences: list[float], margin: float) -> bool:
-    """Two one-sided t-tests at 5% each: is the mean difference shown to be above -margin and below +margin?"""
-    mean = statistics.fmean(differences)
-    half_90 = float(stats.t.ppf(0.95, len(differences) - 1)) * statistics.stdev(differences) / math.sqrt(len(differences))
+    """Two one-sided t-tests at 5% each, i.e. the 90% interval inside +/- margin: is the mean difference shown to
+    be above -margin and below +margin?"""
+    mean, half_90 = interval(differences, confidence=0.90)
     return abs(mean) + half_90 < margin
 
 
