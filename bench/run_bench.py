@@ -31,8 +31,9 @@ from bench.settings import (  # noqa: E402
     RunSpec,
     at_learning_rates,
     control_runs,
-    core_runs,
+    equal_memory_runs,
     independent_runs,
+    other_strategy_runs,
     parse_learning_rates,
     memory_runs,
     resolve_settings,
@@ -91,8 +92,9 @@ def single_run(settings: BenchSettings, spec: RunSpec, output: Path) -> None:
 
 
 class Scheduler:
-    """Runs the plan seed by seed, `jobs` processes at a time; the runs that need DLT's outcome of a seed (static
-    layouts at its budget, its final map from scratch) are queued when that DLT run has finished."""
+    """Runs the plan in tiers, each seed by seed, `jobs` processes at a time: every seed's equal-memory runs, then
+    every seed's other strategies, then every seed's controls; the runs that need a run's outcome (static layouts at
+    DLT's budget, final maps from scratch) are queued when it has finished, before the next seed's."""
 
     def __init__(
         self,
@@ -106,10 +108,10 @@ class Scheduler:
         self.settings, self.output, self.jobs, self.learning_rates = settings, output, jobs, learning_rates
         self.queue: list[tuple[float, RunSpec]] = []
         seeds = settings.seeds if with_study else ()
-        for seed_index, seed in enumerate(seeds):  # every seed's core runs (and their followers) before any control
-            self.queue += [(seed_index, spec) for spec in at_learning_rates(core_runs(settings, seed), learning_rates)]
-            if settings.controls:
-                self.queue += [(len(seeds) + seed_index, spec) for spec in at_learning_rates(control_runs(settings, seed), learning_rates)]
+        tiers = [equal_memory_runs, other_strategy_runs] + ([control_runs] if settings.controls else [])
+        for tier_index, runs_of in enumerate(tiers):  # a study stopped early has its first contrasts over most seeds
+            for seed_index, seed in enumerate(seeds):
+                self.queue += [(tier_index * len(seeds) + seed_index, spec) for spec in at_learning_rates(runs_of(settings, seed), learning_rates)]
         if with_memory:  # after the first seed: the memory figures do not wait for the whole study
             self.queue += [(0.5, spec) for spec in memory_runs(settings)]
         self.queue.sort(key=lambda item: item[0])  # stable: the plan's order within a seed

@@ -343,22 +343,28 @@ def independent_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
 
 
 def core_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
-    """The runs behind the study's main contrasts; `untied, U blocks` is conventional training of a model as
-    shallow as the budget: the same parameters, gradients and optimizer state as a tied model with U distinct
-    blocks, so the alternative a user with that memory would pick instead of tying. With a task, the fixed layouts
-    at the budget too (the looped models of the looped-transformer literature are `cycle @ U`)."""
+    """The runs behind the study's main contrasts: the equal-memory runs, then the other tying strategies."""
+    return equal_memory_runs(settings, seed) + other_strategy_runs(settings, seed)
+
+
+def equal_memory_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
+    """What the study's first question needs (what to train at the memory of U blocks): conventional training at
+    full depth, `untied, U blocks` (conventional training of a model as shallow as the budget: the same parameters,
+    gradients and optimizer state as a tied model with U distinct blocks, so the alternative a user with that memory
+    would pick instead of tying) and DLT, whose finished run queues the fixed layouts at its budget. With a task,
+    the fixed layouts at the budget too (the looped models of the looped-transformer literature are `cycle @ U`)."""
     budget = settings.max_distinct_blocks
-    runs = [
-        RunSpec("none", "none", seed),
-        RunSpec(untied_label(settings), "none", seed, num_blocks=budget),
-        RunSpec("dlt", "dlt", seed),
+    layouts = [RunSpec(f"{layout} @ U", f"static:{layout}:{budget}", seed) for layout in STATIC_LAYOUTS] if settings.task is not None else []
+    return [RunSpec("none", "none", seed), RunSpec(untied_label(settings), "none", seed, num_blocks=budget), *layouts, RunSpec("dlt", "dlt", seed)]
+
+
+def other_strategy_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
+    """The other ways of choosing a map under the budget: the paper's agent, random tying, similarity."""
+    return [
         RunSpec("dlt (paper agent)", "dlt", seed, dlt_variant="paper"),
         RunSpec("random", "random", seed),
-        RunSpec("similarity", f"similarity:{budget}", seed),
+        RunSpec("similarity", f"similarity:{settings.max_distinct_blocks}", seed),
     ]
-    if settings.task is not None:
-        runs[2:2] = [RunSpec(f"{layout} @ U", f"static:{layout}:{budget}", seed) for layout in STATIC_LAYOUTS]
-    return runs
 
 
 def control_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:

@@ -1,6 +1,7 @@
 """bench/run_bench.py: the tiny preset end to end, as a user types it (every strategy and seed, paired statistics,
 budgets held, memory over depth, plots, resumption), and its argument checks."""
 
+import dataclasses
 import json
 import math
 import os
@@ -19,7 +20,9 @@ sys.path.insert(0, str(REPO_ROOT))  # `bench` is a folder of the repository, not
 
 from bench.provenance import processor_name  # noqa: E402
 from bench.report import interval  # noqa: E402
-from bench.settings import PRESETS, BenchArguments, resolve_settings  # noqa: E402
+from bench.run_bench import Scheduler  # noqa: E402
+from bench.scheduling import write_complete  # noqa: E402
+from bench.settings import PRESETS, BenchArguments, RunSpec, resolve_settings  # noqa: E402
 
 TINY = PRESETS["tiny"]
 
@@ -225,6 +228,29 @@ def test_a_study_on_a_task_reports_accuracy_per_hop_count_for_every_strategy(tmp
     assert "| strategy | 1 hops | 2 hops | mean |" in table and "Count bigram" not in table
     assert "- dlt vs untied U: one seed: no interval yet" in table and "; accuracy: one seed: no interval yet" in table
     assert matplotlib.image.imread(tmp_path / "accuracy_by_hops.png").shape[0] > 100
+
+
+def test_a_study_stopped_early_has_its_equal_memory_contrasts_over_every_seed_first(tmp_path):
+    """Every seed's equal-memory runs (and DLT's followers, before the next seed's) come before any seed's other
+    strategies, and those before any control: the runs a long preset finishes first are its first question's."""
+    settings = dataclasses.replace(TINY, seeds=(0, 1), controls=True)
+    dlt = RunSpec("dlt", "dlt", 0)
+    (tmp_path / dlt.directory).mkdir(parents=True)
+    write_complete(tmp_path / dlt.directory / "result.json", {"final_map": [0, 0, 2, 2], "distinct_final": 2, "distinct_mean": 1.6})
+    scheduler = Scheduler(settings, tmp_path, jobs=1, with_memory=False)
+    scheduler.progress = tqdm(disable=True, total=len(scheduler.queue))
+    started = []
+    while (job := scheduler._next_job()) is not None:
+        started.append((job.payload[1].label, job.payload[1].seed))
+    assert started[:9] == [
+        ("none", 0), ("untied, 2 blocks", 0),
+        ("sequence @ final U", 0), ("cycle @ final U", 0), ("cycle_rev @ final U", 0),  # mean U rounds to 2: same runs
+        ("dlt final map, from scratch", 0),
+        ("none", 1), ("untied, 2 blocks", 1), ("dlt", 1),
+    ]  # fmt: skip
+    assert [label for label, _ in started[9:15]] == ["dlt (paper agent)", "random", "similarity"] * 2
+    assert [seed for _, seed in started[9:15]] == [0, 0, 0, 1, 1, 1]
+    assert all(label.startswith("dlt") and label != "dlt" for label, _ in started[15:]) and len(started) == 15 + 2 * 5
 
 
 def test_interval_is_the_student_t_interval():
