@@ -114,7 +114,7 @@ PRESETS: dict[str, BenchSettings] = {
         eval_interval=100, max_validation_blocks=64, controls=True,
     ),  # fmt: skip
     # The paper's headline depth in its regime: 48 blocks tied to at most 8 distinct (the paper reports 7-10 of 48),
-    # narrower (32). Still, a 48-block run takes about 13 minutes beside another on 2 cores (seed 0: 778 s
+    # narrower (32). Still, a 48-block run takes 11 to 13 minutes beside another on 2 cores (seed 0: 778 s
     # conventional, 759 s DLT), 2.4 times a 12 x 64 one: on CPU the 48 blocks' per-layer overhead dominates.
     "paper48": BenchSettings(
         n_layer=48, n_embd=32, n_head=2, block_size=64, max_steps=2000, batch_size=16, learning_rate=3e-3,
@@ -160,7 +160,7 @@ class BenchArguments:
         metadata={
             "help": "tiny: a 2-minute smoke test. default: the CPU study (10 seeds with controls: about 7 h on 2 cores, resumable). paper: the paper's "
             "regime, one play for many epochs with dropout and model selection on validation (about 6 minutes per run "
-            "on one core, 19 runs per seed). paper48: the same at 48 blocks x 32, budget 8. depth: k-hop induction, "
+            "on one core, 19 runs per seed). paper48: the same at 48 blocks x 32, budget 8 (11 to 13 minutes per run beside another, 5 seeds in about 8 h on 2 cores). depth: k-hop induction, "
             "where depth matters, 4 blocks with a budget of 2 (about 6 minutes per run on one core). gpu: 12 x 384 on one GPU, with dropout and model selection as in paper."
         },
     )
