@@ -30,14 +30,12 @@ from bench.settings import (  # noqa: E402
     BenchSettings,
     RunSpec,
     at_learning_rates,
-    control_runs,
-    equal_memory_runs,
     independent_runs,
-    other_strategy_runs,
     parse_learning_rates,
     memory_runs,
     resolve_settings,
     results_dir,
+    run_tiers,
     runs_after,
 )
 
@@ -108,8 +106,7 @@ class Scheduler:
         self.settings, self.output, self.jobs, self.learning_rates = settings, output, jobs, learning_rates
         self.queue: list[tuple[float, RunSpec]] = []
         seeds = settings.seeds if with_study else ()
-        tiers = [equal_memory_runs, other_strategy_runs] + ([control_runs] if settings.controls else [])
-        for tier_index, runs_of in enumerate(tiers):  # a study stopped early has its first contrasts over most seeds
+        for tier_index, runs_of in enumerate(run_tiers(settings)):
             for seed_index, seed in enumerate(seeds):
                 self.queue += [(tier_index * len(seeds) + seed_index, spec) for spec in at_learning_rates(runs_of(settings, seed), learning_rates)]
         if with_memory:  # after the first seed: the memory figures do not wait for the whole study

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -338,9 +339,15 @@ def untied_label(settings: BenchSettings) -> str:
 
 
 def independent_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
-    """The runs of a seed that need nothing from another run: its core runs, then its controls (presets with
-    `controls`)."""
-    return core_runs(settings, seed) + (control_runs(settings, seed) if settings.controls else [])
+    """The runs of a seed that need nothing from another run, tier by tier."""
+    return [spec for runs_of in run_tiers(settings) for spec in runs_of(settings, seed)]
+
+
+def run_tiers(settings: BenchSettings) -> list[Callable[[BenchSettings, int], list[RunSpec]]]:
+    """The plan's tiers, in the order a study runs them (every seed's runs of one tier before the next tier's): the
+    equal-memory runs, the other strategies, the controls (presets with `controls`). A long preset stopped early
+    then has its first question's contrasts over the most seeds."""
+    return [equal_memory_runs, other_strategy_runs] + ([control_runs] if settings.controls else [])
 
 
 def core_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
@@ -355,8 +362,15 @@ def equal_memory_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
     would pick instead of tying) and DLT, whose finished run queues the fixed layouts at its budget. With a task,
     the fixed layouts at the budget too (the looped models of the looped-transformer literature are `cycle @ U`)."""
     budget = settings.max_distinct_blocks
-    layouts = [RunSpec(f"{layout} @ U", f"static:{layout}:{budget}", seed) for layout in STATIC_LAYOUTS] if settings.task is not None else []
-    return [RunSpec("none", "none", seed), RunSpec(untied_label(settings), "none", seed, num_blocks=budget), *layouts, RunSpec("dlt", "dlt", seed)]
+    layouts = []
+    if settings.task is not None:
+        layouts = [RunSpec(f"{layout} @ U", f"static:{layout}:{budget}", seed) for layout in STATIC_LAYOUTS]
+    return [
+        RunSpec("none", "none", seed),
+        RunSpec(untied_label(settings), "none", seed, num_blocks=budget),
+        *layouts,
+        RunSpec("dlt", "dlt", seed),
+    ]
 
 
 def other_strategy_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
