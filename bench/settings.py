@@ -137,7 +137,8 @@ PRESETS: dict[str, BenchSettings] = {
     # One GPU: 12 x 384 (GPT-2 small's depth, a quarter of its width), 256-token context, 2,000 steps (5 epochs of
     # the 36 works) with dropout 0.2 and model selection on validation every 100 steps, as in `paper`. Measured on an
     # H100 at the former 6,000 steps without them (bench/results/gpu-6000-steps): 12 untied blocks ended at train
-    # loss 0.70 and test loss 5.30, memorised; and a run took 257 s alone, so its 5 x 13-15 runs did not fit one session.
+    # loss 0.70 and test loss 5.30, memorised. At 2,000 steps on an H200, eight runs side by side: 404 s per 12-block
+    # run, 198 s per untied 4-block one, so about an hour for the 5 seeds (bench/results/gpu resumes them).
     "gpu": BenchSettings(
         n_layer=12, n_embd=384, n_head=6, block_size=256, max_steps=2000, batch_size=16, learning_rate=1e-3,
         warmup_steps=100, tying_interval=15, max_distinct_blocks=4, seeds=(0, 1, 2, 3, 4), max_test_blocks=256,
@@ -162,7 +163,7 @@ class BenchArguments:
             "help": "tiny: a 2-minute smoke test. default: the CPU study (10 seeds with controls: about 7 h on 2 cores, resumable). paper: the paper's "
             "regime, one play for many epochs with dropout and model selection on validation (about 6 minutes per run "
             "on one core, 19 runs per seed). paper48: the same at 48 blocks x 32, budget 8 (11 to 13 minutes per run beside another, 5 seeds in about 8 h on 2 cores). depth: k-hop induction, "
-            "where depth matters, 4 blocks with a budget of 2 (about 6 minutes per run on one core). gpu: 12 x 384 on one GPU, with dropout and model selection as in paper."
+            "where depth matters, 4 blocks with a budget of 2 (about 6 minutes per run on one core). gpu: 12 x 384 on one GPU, with dropout and model selection as in paper (about an hour for 5 seeds with --jobs 8 on an H200)."
         },
     )
     results_dir: str | None = field(
