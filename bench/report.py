@@ -307,7 +307,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
          "Test loss in nats per token on 4 held-out plays (Hamlet, Lear, Othello, Much Ado)")
         + ", mean ± 95% interval over paired seeds; differences are paired (negative: lower loss than the other). "
         + ("" if bigram is None else f"Count bigram of the same tokenization: {bigram:.3f}. ")
-        + f"Best static layout at DLT's final budget (chosen on validation loss): {best}; compared only with runs "
+        + f"Best static layout at DLT's final budget (chosen on validation loss): {best or 'none finished yet'}; compared only with runs "
         "that ended at DLT's number of distinct blocks in every seed.",
         "",
         f"`{untied_label(settings)}` is conventional training of a model with as many blocks as the budget: the same "
@@ -395,7 +395,7 @@ def _selection_lines(settings: BenchSettings, payload: dict) -> list[str]:
         "",
         f"Model selection as in the paper: validation and test loss every {settings.eval_interval} steps; each run's "
         "test loss at its lowest validation loss (paired differences as above; best static layout: "
-        f"{payload['best_static_at_best_validation']}, the lowest in mean best validation loss). Validation curves "
+        f"{payload['best_static_at_best_validation'] or 'none finished yet'}, the lowest in mean best validation loss). Validation curves "
         "and selected against last-step test losses: validation_over_steps.png.",
         "",
         "| strategy | test loss at best validation | best step (mean) | vs none | vs untied U | vs random | vs best static | vs dlt |",
