@@ -77,7 +77,7 @@ def test_a_steep_falling_loss_does_not_fool_the_default_agent():
     # The loss falls 6 nats over the first ~60 decisions, 12 times the whole effect of the map: a reward with that
     # trend credits whatever the agent did early. The agent fits the trend jointly with the map values.
     steep = dict(trend_start=9.0, trend_end=3.0, trend_decisions=60)
-    found, agreement = 0, 0.0
+    found = 0
     for seed in range(20):
         problem = SyntheticTyingProblem.random(8, 3, seed=1000 + seed, **steep)
         final = run_synthetic(controller(8, seed=seed), problem, decisions=200)

@@ -6,7 +6,6 @@ import math
 import shutil
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
 from hf_layertie.data import LAMBADA_TEST_FILE
