@@ -245,6 +245,10 @@ def estimate(mean: float, half_width: float, signed: bool = False) -> str:
     return value if math.isnan(half_width) else f"{value} ± {half_width:.3f}"
 
 
+def _seeds(count: int) -> str:
+    return "1 seed" if count == 1 else f"{count} seeds"
+
+
 def _cell(difference: dict | None) -> str:
     if difference is None:
         return ""
@@ -364,7 +368,7 @@ def _verdict_lines(settings: BenchSettings, rows: dict[str, dict], differences, 
         for name, difference in differences(rows[label]).items():
             if difference is not None and (names is None or name in names):
                 lines.append(
-                    f"- {label} vs {name}: {difference['verdict']} ({_cell(difference)} nats, {difference['seeds']} seeds"
+                    f"- {label} vs {name}: {difference['verdict']} ({_cell(difference)} nats, {_seeds(difference['seeds'])}"
                     + _equivalence_note(difference) + ")" + _accuracy_verdict(accuracy_versus.get(name))
                 )
     return lines
