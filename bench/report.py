@@ -249,6 +249,11 @@ def _seeds(count: int) -> str:
     return "1 seed" if count == 1 else f"{count} seeds"
 
 
+def _layout_name(label: str | None) -> str:
+    """The best fixed layout's label, or what a report says while none has finished in every seed."""
+    return label or "none finished yet"
+
+
 def _cell(difference: dict | None) -> str:
     if difference is None:
         return ""
@@ -311,7 +316,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
          "Test loss in nats per token on 4 held-out plays (Hamlet, Lear, Othello, Much Ado)")
         + ", mean ± 95% interval over paired seeds; differences are paired (negative: lower loss than the other). "
         + ("" if bigram is None else f"Count bigram of the same tokenization: {bigram:.3f}. ")
-        + f"Best static layout at DLT's final budget (chosen on validation loss): {best or 'none finished yet'}; compared only with runs "
+        + f"Best static layout at DLT's final budget (chosen on validation loss): {_layout_name(best)}; compared only with runs "
         "that ended at DLT's number of distinct blocks in every seed.",
         "",
         f"`{untied_label(settings)}` is conventional training of a model with as many blocks as the budget: the same "
@@ -399,7 +404,7 @@ def _selection_lines(settings: BenchSettings, payload: dict) -> list[str]:
         "",
         f"Model selection as in the paper: validation and test loss every {settings.eval_interval} steps; each run's "
         "test loss at its lowest validation loss (paired differences as above; best static layout: "
-        f"{payload['best_static_at_best_validation'] or 'none finished yet'}, the lowest in mean best validation loss). Validation curves "
+        f"{_layout_name(payload['best_static_at_best_validation'])}, the lowest in mean best validation loss). Validation curves "
         "and selected against last-step test losses: validation_over_steps.png.",
         "",
         "| strategy | test loss at best validation | best step (mean) | vs none | vs untied U | vs random | vs best static | vs dlt |",
@@ -573,7 +578,7 @@ def _plot_validation(settings: BenchSettings, summary: dict, table: dict[str, di
         steps = [point["step"] for point in curves[0]]
         means = [statistics.fmean(curve[i]["validation_loss"] for curve in curves) for i in range(len(steps))]
         colour = plt.get_cmap("tab10")(index % 10)
-        curves_axes.plot(steps, means, label=f"{label} ({len(curves)} seeds)", color=colour)
+        curves_axes.plot(steps, means, label=f"{label} ({_seeds(len(curves))})", color=colour)
         lowest = min(range(len(steps)), key=means.__getitem__)
         curves_axes.plot(steps[lowest], means[lowest], marker="o", color=colour)
     curves_axes.set_xlabel("optimizer step")
