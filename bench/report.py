@@ -52,21 +52,31 @@ LEARNING_RATES_FILE = "learning_rates.json"
 
 
 def read_learning_rates(output: Path) -> dict[str, float] | None:
-    """The learning rate chosen for each label by `--tune_learning_rates`, if it ran."""
+    """The learning rates `--tune_learning_rates` chose away from the preset's, by label (a label that kept the
+    preset's rate is absent: its runs are the study's own); None if it never ran."""
     path = output / LEARNING_RATES_FILE
-    return json.loads(path.read_text())["chosen"] if path.is_file() else None
+    if not path.is_file():
+        return None
+    tuning = json.loads(path.read_text())
+    return {label: rate for label, rate in tuning["chosen"].items() if rate != tuning["preset_learning_rate"]}
 
 
-def write_learning_rates(output: Path, grid: tuple[float, ...], seed: int) -> Path:
-    """Each label's rate with the lowest validation loss on `seed` (the test plays play no part in the choice)."""
+def write_learning_rates(output: Path, settings: BenchSettings, grid: tuple[float, ...], runs: list[RunSpec]) -> Path:
+    """Each label's rate with the lowest validation loss among its `runs` (the test plays play no part in the
+    choice): the lowest evaluated during training where runs were evaluated then (the model the paper would select),
+    else the last."""
     losses: dict[str, dict[str, float]] = {}
-    for path in sorted(output.glob(f"study/**/seed{seed}/result.json")):
-        run = json.loads(path.read_text())
-        if run["learning_rate"] in grid:
-            losses.setdefault(run["label"], {})[f"{run['learning_rate']:g}"] = run["validation_loss"]
+    pending = list(runs)
+    while pending:  # the runs, then the followers each finished one made (static layouts, final maps)
+        spec = pending.pop(0)
+        run = _try_load(output, spec)
+        if run is not None:
+            losses.setdefault(spec.label, {})[f"{run['learning_rate']:g}"] = _selection_loss(run)
+            pending += runs_after(spec, run)
     chosen = {label: float(min(by_rate, key=by_rate.get)) for label, by_rate in losses.items()}
+    tuning = {"grid": list(grid), "seed": runs[0].seed, "preset_learning_rate": settings.learning_rate, "validation_loss": losses, "chosen": chosen}
     path = output / LEARNING_RATES_FILE
-    path.write_text(json.dumps({"grid": list(grid), "seed": seed, "validation_loss": losses, "chosen": chosen}, indent=2))
+    path.write_text(json.dumps(tuning, indent=2))
     return path
 
 
@@ -191,6 +201,10 @@ def _lowest(labels: list[str], measured: dict[str, dict[int, dict]], loss) -> st
 
 def _lowest_validation_loss(run: dict) -> float:
     return min(point["validation_loss"] for point in run["validation_curve"])
+
+
+def _selection_loss(run: dict) -> float:
+    return _lowest_validation_loss(run) if run.get("validation_curve") else run["validation_loss"]
 
 
 def accuracy_summary(runs: dict[int, dict]) -> dict | None:

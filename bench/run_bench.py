@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -29,6 +28,7 @@ from bench.settings import (  # noqa: E402
     BenchArguments,
     BenchSettings,
     RunSpec,
+    at_learning_rate,
     at_learning_rates,
     independent_runs,
     parse_learning_rates,
@@ -52,10 +52,12 @@ def main() -> None:
     claim_results_dir(output, settings)
     if args.tune_learning_rates is not None:
         grid = parse_learning_rates(args.tune_learning_rates)
-        scheduler = Scheduler(settings, output, args.jobs, with_memory=False)
-        scheduler.queue = [(0, replace(spec, learning_rate=rate)) for rate in grid for spec in independent_runs(settings, settings.seeds[0])]
+        # Strategy by strategy, each at every rate, so that a tuning stopped early has whole grids for its first ones.
+        tuning = [at_learning_rate(spec, rate, settings) for spec in independent_runs(settings, settings.seeds[0]) for rate in grid]
+        scheduler = Scheduler(settings, output, args.jobs, with_memory=False, with_study=False)
+        scheduler.queue = list(enumerate(tuning))
         failures = scheduler.run()
-        print(f"\nLearning rates: {write_learning_rates(output, grid, settings.seeds[0])}")
+        print(f"\nLearning rates: {write_learning_rates(output, settings, grid, tuning)}")
         if failures:
             sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
         return

@@ -429,6 +429,13 @@ def runs_after(spec: RunSpec, result: dict, learning_rates: dict[str, float] | N
     return at_learning_rates(followers, learning_rates)
 
 
+def at_learning_rate(spec: RunSpec, rate: float, settings: BenchSettings) -> RunSpec:
+    """`spec` trained at `rate`. At the preset's own rate it is the study's own run (no `-lr` in its folder): tuning
+    then reuses the first seed's runs a study has made, and a study tuned afterwards keeps every run of a label whose
+    chosen rate is the preset's."""
+    return dataclasses.replace(spec, learning_rate=None if rate == settings.learning_rate else rate)
+
+
 def at_learning_rates(specs: list[RunSpec], learning_rates: dict[str, float] | None) -> list[RunSpec]:
     """Each run at the learning rate chosen for its label (`learning_rates.json`), the preset's when none was."""
     if not learning_rates:

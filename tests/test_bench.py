@@ -391,26 +391,39 @@ def test_bad_compress_flags_are_named(flags, named):
 
 def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss(tmp_path):
     from bench.report import read_learning_rates, write_learning_rates
-    from bench.settings import RunSpec, at_learning_rates, runs_after
+    from bench.settings import RunSpec, at_learning_rate, at_learning_rates, runs_after
 
-    # Seed 0 of two labels at three rates, as --tune_learning_rates leaves them (the test loss plays no part).
+    settings = resolve_settings(BenchArguments(preset="tiny"))  # its own rate: 3e-3
+    grid = (1e-3, 3e-3, 1e-2)
+    tuning = [at_learning_rate(RunSpec(label, label, 0), rate, settings) for label in ("none", "dlt") for rate in grid]
+    assert [spec.directory for spec in tuning[:3]] == ["study/none-lr0.001/seed0", "study/none/seed0", "study/none-lr0.01/seed0"]
+
+    # Seed 0 of two labels at three rates, as --tune_learning_rates leaves them (the test loss plays no part), DLT's
+    # with a follower (its final map from scratch) at 1e-2. The lowest validation loss during training decides.
     validation = {("none", 1e-3): 4.4, ("none", 3e-3): 4.2, ("none", 1e-2): 4.9, ("dlt", 1e-3): 4.6, ("dlt", 3e-3): 4.7, ("dlt", 1e-2): 4.5}
-    for (label, rate), loss in validation.items():
-        spec = RunSpec(label, label, 0, learning_rate=rate)
+    dlt_result = {"final_map": [0, 0, 2, 2], "distinct_final": 2, "distinct_mean": 2.0}
+    for spec in tuning:
+        loss = validation[spec.label, spec.learning_rate or settings.learning_rate]
+        record = {"learning_rate": spec.learning_rate or settings.learning_rate, "validation_loss": loss + 1, "test_loss": 10 - loss}
+        record |= {"validation_curve": [{"step": 100, "validation_loss": loss}]} | dlt_result
         (tmp_path / spec.directory).mkdir(parents=True)
-        record = {"label": label, "learning_rate": rate, "validation_loss": loss, "test_loss": 10 - loss}
         (tmp_path / spec.directory / "result.json").write_text(json.dumps(record))
-    write_learning_rates(tmp_path, (1e-3, 3e-3, 1e-2), seed=0)
+    follower = next(run for run in runs_after(tuning[-1], dlt_result) if run.label == "dlt final map, from scratch")
+    (tmp_path / follower.directory).mkdir(parents=True)
+    (tmp_path / follower.directory / "result.json").write_text(json.dumps({"learning_rate": 1e-2, "validation_loss": 4.0}))
+
+    written = json.loads(write_learning_rates(tmp_path, settings, grid, tuning).read_text())
+    assert written["chosen"] == {"none": 3e-3, "dlt": 1e-2, "dlt final map, from scratch": 1e-2}
+    assert written["validation_loss"]["none"] == {"0.001": 4.4, "0.003": 4.2, "0.01": 4.9}
     chosen = read_learning_rates(tmp_path)
-    assert chosen == {"none": 3e-3, "dlt": 1e-2}
+    assert chosen == {"dlt": 1e-2, "dlt final map, from scratch": 1e-2}  # none kept the preset's rate
 
     specs = at_learning_rates([RunSpec("none", "none", 1), RunSpec("dlt", "dlt", 1)], chosen)
-    assert [spec.learning_rate for spec in specs] == [3e-3, 1e-2]
-    assert specs[0].directory == "study/none-lr0.003/seed1"  # seed 0 at its chosen rate is the tuning run itself
-    dlt_result = {"final_map": [0, 0, 2, 2], "distinct_final": 2, "distinct_mean": 2.0}
+    assert [spec.directory for spec in specs] == ["study/none/seed1", "study/dlt-lr0.01/seed1"]  # none's runs are the study's own
     followers = runs_after(specs[1], dlt_result, chosen)
-    assert all(follower.learning_rate is None for follower in followers)  # not tuned: the preset's rate
-    assert all(follower.learning_rate == 1e-2 for follower in runs_after(specs[1], dlt_result))  # tuning: the leader's
+    assert {f.label: f.learning_rate for f in followers}["dlt final map, from scratch"] == 1e-2
+    assert all(f.learning_rate is None for f in followers if f.label != "dlt final map, from scratch")  # not tuned: the preset's rate
+    assert all(f.learning_rate == 1e-2 for f in runs_after(specs[1], dlt_result))  # tuning: the leader's
 
 
 @pytest.mark.parametrize("text", ["", "0.001,x", "0", "3"])
