@@ -99,6 +99,25 @@ def test_differences_are_paired_by_seed(tiny_bench):
 
 
 @pytest.mark.slow
+def test_a_report_from_one_seed_and_no_fixed_layout_says_so(tiny_bench, tmp_path):
+    """A long preset reported early: the first seed's runs, no fixed layout finished yet."""
+    import dataclasses
+    import shutil
+
+    from bench.report import write_report
+
+    folder, _ = tiny_bench
+    partial = tmp_path / "partial"
+    shutil.copytree(folder, partial)
+    for layouts in (partial / "study").glob("static-*"):
+        shutil.rmtree(layouts)
+    settings = dataclasses.replace(resolve_settings(BenchArguments(preset="tiny")), seeds=(TINY.seeds[0],))
+    report = write_report(settings, partial).read_text()
+    assert "Best static layout at DLT's final budget (chosen on validation loss): none finished yet;" in report
+    assert "- dlt vs none: " in report and "nats, 1 seed)" in report and "1 seeds" not in report
+
+
+@pytest.mark.slow
 def test_dlt_final_map_from_scratch_is_compared_with_dlt(tiny_bench):
     folder, results = tiny_bench
     runs = results["runs"]
