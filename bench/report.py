@@ -355,9 +355,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
     lines += _accuracy_lines(rows)
     lines += _selection_lines(settings, payload)
     if payload["learning_rates"]:
-        tuning = payload["learning_rates"]
-        chosen = ", ".join(f"{label} {rate:g}" for label, rate in tuning["chosen"].items())
-        lines += ["", f"Learning rates chosen on validation loss (seed {tuning['seed']}, grid {tuning['grid']}): {chosen}."]
+        lines += _learning_rate_lines(payload["learning_rates"])
     lines += ["", "Paired verdicts (test loss" + (" and mean accuracy" if settings.task else "") + ", 95% interval):", ""]
     lines += _verdict_lines(settings, rows, lambda row: row["versus"], lambda row: (row["accuracy"] or {}).get("versus", {}))
     if settings.eval_interval:
@@ -368,6 +366,23 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
     memory = [run | {"label": f"memory: {run['label']}, {run['num_blocks']} blocks"} for run in payload["memory"]]
     lines += source_lines(study + memory)
     return "\n".join(lines) + "\n"
+
+
+def _learning_rate_lines(tuning: dict) -> list[str]:
+    """The grid `--tune_learning_rates` ran: each strategy's validation loss at each rate, and its choice."""
+    rates = [f"{rate:g}" for rate in tuning["grid"]]
+    lines = [
+        "",
+        f"Learning rates chosen on validation loss (seed {tuning['seed']}; the preset's is {tuning['preset_learning_rate']:g}; "
+        "- where a run has not finished):",
+        "",
+        "| strategy | " + " | ".join(f"lr {rate}" for rate in rates) + " | chosen |",
+        "|---|" + "---|" * (len(rates) + 1),
+    ]
+    for label, by_rate in tuning["validation_loss"].items():
+        cells = " | ".join(f"{by_rate[rate]:.3f}" if rate in by_rate else "-" for rate in rates)
+        lines.append(f"| {label} | {cells} | {tuning['chosen'][label]:g} |")
+    return lines
 
 
 def _verdict_lines(settings: BenchSettings, rows: dict[str, dict], differences, accuracy_differences) -> list[str]:

@@ -409,7 +409,7 @@ def test_bad_compress_flags_are_named(flags, named):
 
 
 def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss(tmp_path):
-    from bench.report import read_learning_rates, write_learning_rates
+    from bench.report import _learning_rate_lines, read_learning_rates, write_learning_rates
     from bench.settings import RunSpec, at_learning_rate, at_learning_rates, runs_after
 
     settings = resolve_settings(BenchArguments(preset="tiny"))  # its own rate: 3e-3
@@ -434,6 +434,10 @@ def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss
     written = json.loads(write_learning_rates(tmp_path, settings, grid, tuning).read_text())
     assert written["chosen"] == {"none": 3e-3, "dlt": 1e-2, "dlt final map, from scratch": 1e-2}
     assert written["validation_loss"]["none"] == {"0.001": 4.4, "0.003": 4.2, "0.01": 4.9}
+    table = _learning_rate_lines(written)  # as the report shows the grid
+    assert "| strategy | lr 0.001 | lr 0.003 | lr 0.01 | chosen |" in table
+    assert "| none | 4.400 | 4.200 | 4.900 | 0.003 |" in table
+    assert "| dlt final map, from scratch | - | - | 4.000 | 0.01 |" in table
     chosen = read_learning_rates(tmp_path)
     assert chosen == {"dlt": 1e-2, "dlt final map, from scratch": 1e-2}  # none kept the preset's rate
 
