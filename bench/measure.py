@@ -46,19 +46,26 @@ def training_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 
 class RunMeter(TrainerCallback):
-    """Peak training state (after each optimizer step, before the Trainer zeroes the gradients) and the number
-    of distinct blocks after each step."""
+    """Peak training state (after each optimizer step, before the Trainer zeroes the gradients), the number of
+    distinct blocks after each step, and the steps that trained under another map than the step before (when a
+    moving map last moved: a move late in the cosine schedule, near a learning rate of zero, may cost)."""
 
     def __init__(self, trainer: TyingTrainer):
         self.trainer = trainer
         self.peak_state_bytes = 0
         self.distinct_per_step: list[int] = []
+        self.map_change_steps: list[int] = []
+        self._last_map: list[int] | None = None
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         self.peak_state_bytes = max(self.peak_state_bytes, training_state_bytes(self.trainer.model, self.trainer.optimizer))
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.distinct_per_step.append(self.trainer.model.tying_map.num_distinct)
+        tying_map = self.trainer.model.tying_map
+        self.distinct_per_step.append(tying_map.num_distinct)
+        if self._last_map is not None and tying_map.to_list() != self._last_map:
+            self.map_change_steps.append(state.global_step)
+        self._last_map = tying_map.to_list()
 
 
 def process_peak_bytes() -> tuple[int, str]:
@@ -236,6 +243,7 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
         "distinct_final": model.tying_map.num_distinct,
         "distinct_mean": statistics.fmean(distinct),
         "distinct_peak": max(distinct),
+        "map_change_steps": meter.map_change_steps,
         "trainable_parameters": model.parameter_counts().trainable,
         "peak_state_bytes": meter.peak_state_bytes,
         "peak_process_bytes": peak_bytes,

@@ -62,9 +62,9 @@ def read_learning_rates(output: Path) -> dict[str, float] | None:
 
 
 def write_learning_rates(output: Path, settings: BenchSettings, grid: tuple[float, ...], runs: list[RunSpec]) -> Path:
-    """Each label's rate with the lowest validation loss among its `runs` (the test plays play no part in the
-    choice): the lowest evaluated during training where runs were evaluated then (the model the paper would select),
-    else the last."""
+    """Each label's rate with the lowest validation loss among its finished `runs` (the test plays play no part in
+    the choice): the lowest evaluated during training where runs were evaluated then (the model the paper would
+    select), else the last."""
     losses: dict[str, dict[str, float]] = {}
     pending = list(runs)
     while pending:  # the runs, then the followers each finished one made (static layouts, final maps)
@@ -73,7 +73,8 @@ def write_learning_rates(output: Path, settings: BenchSettings, grid: tuple[floa
         if run is not None:
             losses.setdefault(spec.label, {})[f"{run['learning_rate']:g}"] = _selection_loss(run)
             pending += runs_after(spec, run)
-    chosen = {label: float(min(by_rate, key=by_rate.get)) for label, by_rate in losses.items()}
+    # A label chooses once it has run at every rate: a tuning stopped early leaves the others at the preset's rate.
+    chosen = {label: float(min(by_rate, key=by_rate.get)) for label, by_rate in losses.items() if len(by_rate) == len(grid)}
     tuning = {"grid": list(grid), "seed": runs[0].seed, "preset_learning_rate": settings.learning_rate, "validation_loss": losses, "chosen": chosen}
     path = output / LEARNING_RATES_FILE
     path.write_text(json.dumps(tuning, indent=2))
@@ -374,14 +375,15 @@ def _learning_rate_lines(tuning: dict) -> list[str]:
     lines = [
         "",
         f"Learning rates chosen on validation loss (seed {tuning['seed']}; the preset's is {tuning['preset_learning_rate']:g}; "
-        "- where a run has not finished):",
+        "- where a run has not finished: a strategy chooses once it has run at every rate):",
         "",
         "| strategy | " + " | ".join(f"lr {rate}" for rate in rates) + " | chosen |",
         "|---|" + "---|" * (len(rates) + 1),
     ]
     for label, by_rate in tuning["validation_loss"].items():
         cells = " | ".join(f"{by_rate[rate]:.3f}" if rate in by_rate else "-" for rate in rates)
-        lines.append(f"| {label} | {cells} | {tuning['chosen'][label]:g} |")
+        chosen = tuning["chosen"].get(label)
+        lines.append(f"| {label} | {cells} | {'-' if chosen is None else f'{chosen:g}'} |")
     return lines
 
 

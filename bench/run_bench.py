@@ -54,9 +54,11 @@ def main() -> None:
         grid = parse_learning_rates(args.tune_learning_rates)
         # Strategy by strategy, each at every rate, so that a tuning stopped early has whole grids for its first ones.
         tuning = [at_learning_rate(spec, rate, settings) for spec in independent_runs(settings, settings.seeds[0]) for rate in grid]
-        scheduler = Scheduler(settings, output, args.jobs, with_memory=False, with_study=False)
-        scheduler.queue = list(enumerate(tuning))
-        failures = scheduler.run()
+        failures = []
+        if not args.report_only:
+            scheduler = Scheduler(settings, output, args.jobs, with_memory=False, with_study=False)
+            scheduler.queue = list(enumerate(tuning))
+            failures = scheduler.run()
         print(f"\nLearning rates: {write_learning_rates(output, settings, grid, tuning)}")
         if failures:
             sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))

@@ -177,7 +177,8 @@ class BenchArguments:
         metadata={
             "help": "Comma-separated learning rates, e.g. '1e-3,3e-3,1e-2': train every strategy of the first seed at "
             "each, write learning_rates.json (each strategy's rate with the lowest validation loss) and stop; a later "
-            "run of the study trains each strategy at its chosen rate (the first seed's runs are reused)."
+            "run of the study trains each strategy at its chosen rate (the first seed's runs are reused). With "
+            "--report_only, write learning_rates.json from the runs finished so far."
         },
     )
     memory_only: bool = field(
