@@ -63,9 +63,10 @@ class RunMeter(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         tying_map = self.trainer.model.tying_map
         self.distinct_per_step.append(tying_map.num_distinct)
-        if self._last_map is not None and tying_map.to_list() != self._last_map:
+        current = tying_map.to_list()
+        if self._last_map is not None and current != self._last_map:
             self.map_change_steps.append(state.global_step)
-        self._last_map = tying_map.to_list()
+        self._last_map = current
 
 
 def process_peak_bytes() -> tuple[int, str]:

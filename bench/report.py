@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 
 import matplotlib
@@ -66,13 +67,9 @@ def write_learning_rates(output: Path, settings: BenchSettings, grid: tuple[floa
     the choice): the lowest evaluated during training where runs were evaluated then (the model the paper would
     select), else the last."""
     losses: dict[str, dict[str, float]] = {}
-    pending = list(runs)
-    while pending:  # the runs, then the followers each finished one made (static layouts, final maps)
-        spec = pending.pop(0)
-        run = _try_load(output, spec)
+    for spec, run in _with_followers(output, runs):  # followers at their leader's rate, as the tuning ran them
         if run is not None:
             losses.setdefault(spec.label, {})[f"{run['learning_rate']:g}"] = _selection_loss(run)
-            pending += runs_after(spec, run)
     # A label chooses once it has run at every rate: a tuning stopped early leaves the others at the preset's rate.
     chosen = {label: float(min(by_rate, key=by_rate.get)) for label, by_rate in losses.items() if len(by_rate) == len(grid)}
     tuning = {"grid": list(grid), "seed": runs[0].seed, "preset_learning_rate": settings.learning_rate, "validation_loss": losses, "chosen": chosen}
@@ -87,17 +84,23 @@ def collect_study(settings: BenchSettings, output: Path) -> dict[str, dict[int, 
     learning_rates = read_learning_rates(output)
     table: dict[str, dict[int, dict]] = {}
     for seed in settings.seeds:
-        specs = at_learning_rates(independent_runs(settings, seed), learning_rates)
-        for spec in list(specs):
-            result = _try_load(output, spec)
-            if result is not None:
-                specs += runs_after(spec, result, learning_rates)
-        for spec in specs:
-            result = _try_load(output, spec)
+        for spec, result in _with_followers(output, at_learning_rates(independent_runs(settings, seed), learning_rates), learning_rates):
             table.setdefault(spec.label, {})
             if result is not None:
                 table[spec.label][seed] = result
     return table
+
+
+def _with_followers(output: Path, specs: list[RunSpec], learning_rates: dict[str, float] | None = None) -> Iterator[tuple[RunSpec, dict | None]]:
+    """Each of `specs` with its result (None until it has finished), then the runs the finished ones make possible
+    (`runs_after`: static layouts at DLT's budget, final maps), in the plan's order, each result read once."""
+    pending = list(specs)
+    while pending:
+        spec = pending.pop(0)
+        result = _try_load(output, spec)
+        if result is not None:
+            pending += runs_after(spec, result, learning_rates)
+        yield spec, result
 
 
 def interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
