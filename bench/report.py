@@ -53,13 +53,11 @@ LEARNING_RATES_FILE = "learning_rates.json"
 
 
 def read_learning_rates(output: Path) -> dict[str, float] | None:
-    """The learning rates `--tune_learning_rates` chose away from the preset's, by label (a label that kept the
-    preset's rate is absent: its runs are the study's own); None if it never ran."""
+    """The learning rates `--tune_learning_rates` chose, by label; None if it never ran."""
     path = output / LEARNING_RATES_FILE
     if not path.is_file():
         return None
-    tuning = json.loads(path.read_text())
-    return {label: rate for label, rate in tuning["chosen"].items() if rate != tuning["preset_learning_rate"]}
+    return json.loads(path.read_text())["chosen"]
 
 
 def write_learning_rates(output: Path, settings: BenchSettings, grid: tuple[float, ...], runs: list[RunSpec]) -> Path:
@@ -67,7 +65,7 @@ def write_learning_rates(output: Path, settings: BenchSettings, grid: tuple[floa
     the choice): the lowest evaluated during training where runs were evaluated then (the model the paper would
     select), else the last."""
     losses: dict[str, dict[str, float]] = {}
-    for spec, run in _with_followers(output, runs):  # followers at their leader's rate, as the tuning ran them
+    for spec, run in _with_followers(output, runs, settings):  # followers at their leader's rate, as the tuning ran them
         if run is not None:
             losses.setdefault(spec.label, {})[f"{run['learning_rate']:g}"] = _selection_loss(run)
     # A label chooses once it has run at every rate: a tuning stopped early leaves the others at the preset's rate.
@@ -84,14 +82,17 @@ def collect_study(settings: BenchSettings, output: Path) -> dict[str, dict[int, 
     learning_rates = read_learning_rates(output)
     table: dict[str, dict[int, dict]] = {}
     for seed in settings.seeds:
-        for spec, result in _with_followers(output, at_learning_rates(independent_runs(settings, seed), learning_rates), learning_rates):
+        runs = at_learning_rates(independent_runs(settings, seed), learning_rates, settings)
+        for spec, result in _with_followers(output, runs, settings, learning_rates):
             table.setdefault(spec.label, {})
             if result is not None:
                 table[spec.label][seed] = result
     return table
 
 
-def _with_followers(output: Path, specs: list[RunSpec], learning_rates: dict[str, float] | None = None) -> Iterator[tuple[RunSpec, dict | None]]:
+def _with_followers(
+    output: Path, specs: list[RunSpec], settings: BenchSettings, learning_rates: dict[str, float] | None = None
+) -> Iterator[tuple[RunSpec, dict | None]]:
     """Each of `specs` with its result (None until it has finished), then the runs the finished ones make possible
     (`runs_after`: static layouts at DLT's budget, final maps), in the plan's order, each result read once."""
     pending = list(specs)
@@ -99,7 +100,7 @@ def _with_followers(output: Path, specs: list[RunSpec], learning_rates: dict[str
         spec = pending.pop(0)
         result = _try_load(output, spec)
         if result is not None:
-            pending += runs_after(spec, result, learning_rates)
+            pending += runs_after(spec, result, settings, learning_rates)
         yield spec, result
 
 

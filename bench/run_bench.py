@@ -30,7 +30,7 @@ from bench.settings import (  # noqa: E402
     RunSpec,
     at_learning_rate,
     at_learning_rates,
-    independent_runs,
+    core_runs,
     parse_learning_rates,
     memory_runs,
     resolve_settings,
@@ -52,8 +52,9 @@ def main() -> None:
     claim_results_dir(output, settings)
     if args.tune_learning_rates is not None:
         grid = parse_learning_rates(args.tune_learning_rates)
-        # Strategy by strategy, each at every rate, so that a tuning stopped early has whole grids for its first ones.
-        tuning = [at_learning_rate(spec, rate, settings) for spec in independent_runs(settings, settings.seeds[0]) for rate in grid]
+        # Strategy by strategy, each at every rate, so that a tuning stopped early has whole grids for its first ones;
+        # the controls take their strategy's rate (control_runs).
+        tuning = [at_learning_rate(spec, rate, settings) for spec in core_runs(settings, settings.seeds[0]) for rate in grid]
         failures = []
         if not args.report_only:
             scheduler = Scheduler(settings, output, args.jobs, with_memory=False, with_study=False)
@@ -112,7 +113,7 @@ class Scheduler:
         seeds = settings.seeds if with_study else ()
         for tier_index, runs_of in enumerate(run_tiers(settings)):
             for seed_index, seed in enumerate(seeds):
-                self.queue += [(tier_index * len(seeds) + seed_index, spec) for spec in at_learning_rates(runs_of(settings, seed), learning_rates)]
+                self.queue += [(tier_index * len(seeds) + seed_index, spec) for spec in at_learning_rates(runs_of(settings, seed), learning_rates, settings)]
         if with_memory:  # after the first seed: the memory figures do not wait for the whole study
             self.queue += [(0.5, spec) for spec in memory_runs(settings)]
         self.queue.sort(key=lambda item: item[0])  # stable: the plan's order within a seed
@@ -160,7 +161,7 @@ class Scheduler:
 
     def _after(self, order: float, spec: RunSpec) -> None:
         """Queue the runs a finished DLT or random run of the study makes possible, before the next seed's runs."""
-        followers = runs_after(spec, load_result(self.output / spec.directory), self.learning_rates) if spec.kind == "study" else []
+        followers = runs_after(spec, load_result(self.output / spec.directory), self.settings, self.learning_rates) if spec.kind == "study" else []
         if not followers:
             return
         position = next((i for i, (other, _) in enumerate(self.queue) if other > order), len(self.queue))

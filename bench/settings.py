@@ -308,6 +308,7 @@ class RunSpec:
     num_blocks: int | None = None
     tying: tuple[tuple[str, object], ...] = ()  # other tying settings, (name, value) pairs: the controls' changes
     learning_rate: float | None = None  # None: the preset's; else this run's (chosen per label by --tune_learning_rates)
+    rate_of: str | None = None  # the label whose chosen learning rate this run takes; None: its own
 
     @property
     def directory(self) -> str:
@@ -371,14 +372,14 @@ def equal_memory_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
         RunSpec("none", "none", seed),
         RunSpec(untied_label(settings), "none", seed, num_blocks=budget),
         *layouts,
-        RunSpec("dlt", "dlt", seed),
+        dlt_run(seed),
     ]
 
 
 def other_strategy_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
     """The other ways of choosing a map under the budget: the paper's agent, random tying, similarity."""
     return [
-        RunSpec("dlt (paper agent)", "dlt", seed, dlt_variant="paper"),
+        paper_agent_run(seed),
         RunSpec("random", "random", seed),
         RunSpec("similarity", f"similarity:{settings.max_distinct_blocks}", seed),
     ]
@@ -387,14 +388,29 @@ def other_strategy_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
 def control_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
     """What the verdict on DLT must not hinge on: explore then commit (does moving between maps cost?), the paper's
     agent learning from a reward that carries signal at these losses (its own is -10 whenever the loss is above
-    ln 10), other decision intervals k, and a shorter exploration."""
+    ln 10), other decision intervals k, and a shorter exploration. Each changes one setting of its strategy and
+    trains at that strategy's learning rate (`rate_of`), so that the contrast changes that setting alone:
+    --tune_learning_rates tunes the strategies, not their controls."""
+    dlt, paper_agent = dlt_run(seed), paper_agent_run(seed)
     intervals = [k for k in (2, 15, 50) if k != settings.tying_interval]
     return [
-        RunSpec("dlt, explore then commit", "dlt", seed, tying=(("commit_after_exploration", True),)),
-        RunSpec("dlt (paper agent), reward -loss", "dlt", seed, dlt_variant="paper", tying=(("reward_kind", "negative_loss"),)),
-        *(RunSpec(f"dlt, k = {k}", "dlt", seed, tying=(("tying_interval", k),)) for k in intervals),
-        RunSpec("dlt, exploration 40%", "dlt", seed, tying=(("exploration_fraction", 0.4),)),
+        _control(dlt, "dlt, explore then commit", "commit_after_exploration", True),
+        _control(paper_agent, "dlt (paper agent), reward -loss", "reward_kind", "negative_loss"),
+        *(_control(dlt, f"dlt, k = {k}", "tying_interval", k) for k in intervals),
+        _control(dlt, "dlt, exploration 40%", "exploration_fraction", 0.4),
     ]
+
+
+def _control(strategy: RunSpec, label: str, setting: str, value: object) -> RunSpec:
+    return dataclasses.replace(strategy, label=label, tying=((setting, value),), rate_of=strategy.label)
+
+
+def dlt_run(seed: int) -> RunSpec:
+    return RunSpec("dlt", "dlt", seed)
+
+
+def paper_agent_run(seed: int) -> RunSpec:
+    return RunSpec("dlt (paper agent)", "dlt", seed, dlt_variant="paper")
 
 
 def runs_after_dlt(seed: int, final_map: list[int], final_distinct: int, average_distinct: float) -> list[RunSpec]:
@@ -414,7 +430,7 @@ def final_map_from_scratch(label: str, seed: int, final_map: list[int]) -> RunSp
     return RunSpec(label, "static:" + ",".join(map(str, final_map)), seed)
 
 
-def runs_after(spec: RunSpec, result: dict, learning_rates: dict[str, float] | None = None) -> list[RunSpec]:
+def runs_after(spec: RunSpec, result: dict, settings: BenchSettings, learning_rates: dict[str, float] | None = None) -> list[RunSpec]:
     """The runs a finished study run makes possible: DLT's (default agent, no other setting), random's and
     similarity's followers, at their own label's learning rate (`learning_rates`) or, without a table, at their leader's."""
     if spec.strategy == "dlt" and spec.dlt_variant == "default" and not spec.tying:
@@ -427,7 +443,7 @@ def runs_after(spec: RunSpec, result: dict, learning_rates: dict[str, float] | N
         return []
     if learning_rates is None:
         return [dataclasses.replace(follower, learning_rate=spec.learning_rate) for follower in followers]
-    return at_learning_rates(followers, learning_rates)
+    return at_learning_rates(followers, learning_rates, settings)
 
 
 def at_learning_rate(spec: RunSpec, rate: float, settings: BenchSettings) -> RunSpec:
@@ -437,11 +453,11 @@ def at_learning_rate(spec: RunSpec, rate: float, settings: BenchSettings) -> Run
     return dataclasses.replace(spec, learning_rate=None if rate == settings.learning_rate else rate)
 
 
-def at_learning_rates(specs: list[RunSpec], learning_rates: dict[str, float] | None) -> list[RunSpec]:
-    """Each run at the learning rate chosen for its label (`learning_rates.json`), the preset's when none was."""
-    if not learning_rates:
-        return specs
-    return [dataclasses.replace(spec, learning_rate=learning_rates.get(spec.label)) for spec in specs]
+def at_learning_rates(specs: list[RunSpec], learning_rates: dict[str, float] | None, settings: BenchSettings) -> list[RunSpec]:
+    """Each run at the learning rate chosen for its label, or for the label it takes its rate from (`rate_of`), in
+    `learning_rates.json`; the preset's where none was chosen."""
+    chosen = learning_rates or {}
+    return [at_learning_rate(spec, chosen.get(spec.rate_of or spec.label, settings.learning_rate), settings) for spec in specs]
 
 
 def memory_runs(settings: BenchSettings) -> list[RunSpec]:

@@ -423,7 +423,7 @@ def test_bad_compress_flags_are_named(flags, named):
 
 def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss(tmp_path):
     from bench.report import _learning_rate_lines, read_learning_rates, write_learning_rates
-    from bench.settings import RunSpec, at_learning_rate, at_learning_rates, runs_after
+    from bench.settings import RunSpec, at_learning_rate, at_learning_rates, control_runs, runs_after
 
     settings = resolve_settings(BenchArguments(preset="tiny"))  # its own rate: 3e-3
     grid = (1e-3, 3e-3, 1e-2)
@@ -441,7 +441,7 @@ def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss
         record |= {"validation_curve": [{"step": 100, "validation_loss": loss}]} | dlt_result
         (tmp_path / spec.directory).mkdir(parents=True)
         (tmp_path / spec.directory / "result.json").write_text(json.dumps(record))
-    follower = next(run for run in runs_after(tuning[-1], dlt_result) if run.label == "dlt final map, from scratch")
+    follower = next(run for run in runs_after(tuning[-1], dlt_result, settings) if run.label == "dlt final map, from scratch")
     (tmp_path / follower.directory).mkdir(parents=True)
     (tmp_path / follower.directory / "result.json").write_text(json.dumps({"learning_rate": 1e-2, "validation_loss": 4.0}))
 
@@ -453,12 +453,17 @@ def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss
     assert "| none | 4.400 | 4.200 | 4.900 | 0.003 |" in table
     assert "| dlt final map, from scratch | - | - | 4.000 | - |" in table
     chosen = read_learning_rates(tmp_path)
-    assert chosen == {"dlt": 1e-2}  # none kept the preset's rate
 
-    specs = at_learning_rates([RunSpec("none", "none", 1), RunSpec("dlt", "dlt", 1)], chosen)
-    assert [spec.directory for spec in specs] == ["study/none/seed1", "study/dlt-lr0.01/seed1"]  # none's runs are the study's own
-    assert all(f.learning_rate is None for f in runs_after(specs[1], dlt_result, chosen))  # not tuned: the preset's rate
-    assert all(f.learning_rate == 1e-2 for f in runs_after(specs[1], dlt_result))  # tuning: the leader's
+    specs = at_learning_rates([RunSpec("none", "none", 1), RunSpec("dlt", "dlt", 1)], chosen, settings)
+    assert [spec.directory for spec in specs] == ["study/none/seed1", "study/dlt-lr0.01/seed1"]  # none kept the preset's rate: its runs are the study's own
+    assert all(f.learning_rate is None for f in runs_after(specs[1], dlt_result, settings, chosen))  # not tuned: the preset's rate
+    assert all(f.learning_rate == 1e-2 for f in runs_after(specs[1], dlt_result, settings))  # tuning: the leader's
+    # A control changes one setting of its strategy and trains at that strategy's rate, though never tuned itself.
+    controls = at_learning_rates(control_runs(settings, 1), chosen, settings)
+    assert {spec.label: spec.learning_rate for spec in controls if spec.rate_of == "dlt"} == {
+        "dlt, explore then commit": 1e-2, "dlt, k = 15": 1e-2, "dlt, k = 50": 1e-2, "dlt, exploration 40%": 1e-2
+    }  # fmt: skip
+    assert next(spec for spec in controls if spec.rate_of == "dlt (paper agent)").learning_rate is None
 
 
 @pytest.mark.parametrize("text", ["", "0.001,x", "0", "3"])
