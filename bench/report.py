@@ -65,12 +65,18 @@ def write_learning_rates(output: Path, settings: BenchSettings, grid: tuple[floa
     the choice): the lowest evaluated during training where runs were evaluated then (the model the paper would
     select), else the last."""
     losses: dict[str, dict[str, float]] = {}
+    selected: dict[str, dict[str, float]] = {}  # what each rate's selected model scores on test: shown, never chosen on
     for spec, run in _with_followers(output, runs, settings):  # followers at their leader's rate, as the tuning ran them
         if run is not None:
-            losses.setdefault(spec.label, {})[f"{run['learning_rate']:g}"] = _selection_loss(run)
+            rate = f"{run['learning_rate']:g}"
+            losses.setdefault(spec.label, {})[rate] = _selection_loss(run)
+            selected.setdefault(spec.label, {})[rate] = _selected_test_loss(run)
     # A label chooses once it has run at every rate: a tuning stopped early leaves the others at the preset's rate.
     chosen = {label: float(min(by_rate, key=by_rate.get)) for label, by_rate in losses.items() if len(by_rate) == len(grid)}
-    tuning = {"grid": list(grid), "seed": runs[0].seed, "preset_learning_rate": settings.learning_rate, "validation_loss": losses, "chosen": chosen}
+    tuning = {
+        "grid": list(grid), "seed": runs[0].seed, "preset_learning_rate": settings.learning_rate,
+        "validation_loss": losses, "selected_test_loss": selected, "chosen": chosen,
+    }  # fmt: skip
     path = output / LEARNING_RATES_FILE
     path.write_text(json.dumps(tuning, indent=2))
     return path
@@ -210,6 +216,11 @@ def _lowest_validation_loss(run: dict) -> float:
 
 def _selection_loss(run: dict) -> float:
     return _lowest_validation_loss(run) if run.get("validation_curve") else run["validation_loss"]
+
+
+def _selected_test_loss(run: dict) -> float:
+    """The test loss of the model `_selection_loss` judges."""
+    return run["test_loss_at_best_validation"] if run.get("validation_curve") else run["test_loss"]
 
 
 def accuracy_summary(runs: dict[int, dict]) -> dict | None:
@@ -375,19 +386,23 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
 
 def _learning_rate_lines(tuning: dict) -> list[str]:
     """The grid `--tune_learning_rates` ran: each strategy's validation loss at each rate, and its choice."""
-    rates = [f"{rate:g}" for rate in tuning["grid"]]
+    rates, preset = [f"{rate:g}" for rate in tuning["grid"]], f"{tuning['preset_learning_rate']:g}"
     lines = [
         "",
-        f"Learning rates chosen on validation loss (seed {tuning['seed']}; the preset's is {tuning['preset_learning_rate']:g}; "
-        "- where a run has not finished: a strategy chooses once it has run at every rate):",
+        f"Learning rates chosen on validation loss (seed {tuning['seed']}; the preset's is {preset}; "
+        "- where a run has not finished: a strategy chooses once it has run at every rate; the test loss, of the model "
+        "each run selects, plays no part in the choice):",
         "",
-        "| strategy | " + " | ".join(f"lr {rate}" for rate in rates) + " | chosen |",
-        "|---|" + "---|" * (len(rates) + 1),
+        "| strategy | " + " | ".join(f"lr {rate}" for rate in rates) + f" | chosen | its test loss (at {preset}) |",
+        "|---|" + "---|" * (len(rates) + 2),
     ]
     for label, by_rate in tuning["validation_loss"].items():
         cells = " | ".join(f"{by_rate[rate]:.3f}" if rate in by_rate else "-" for rate in rates)
         chosen = tuning["chosen"].get(label)
-        lines.append(f"| {label} | {cells} | {'-' if chosen is None else f'{chosen:g}'} |")
+        test = tuning["selected_test_loss"][label]
+        at_preset = f" ({test[preset]:.3f})" if preset in test else ""
+        tested = f"{test[f'{chosen:g}']:.3f}{at_preset}" if chosen is not None else "-"
+        lines.append(f"| {label} | {cells} | {'-' if chosen is None else f'{chosen:g}'} | {tested} |")
     return lines
 
 

@@ -437,21 +437,23 @@ def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss
     dlt_result = {"final_map": [0, 0, 2, 2], "distinct_final": 2, "distinct_mean": 2.0}
     for spec in tuning:
         loss = validation[spec.label, spec.learning_rate or settings.learning_rate]
-        record = {"learning_rate": spec.learning_rate or settings.learning_rate, "validation_loss": loss + 1, "test_loss": 10 - loss}
+        record = {"learning_rate": spec.learning_rate or settings.learning_rate, "validation_loss": loss + 1, "test_loss": 11 - loss}
+        record |= {"test_loss_at_best_validation": 10 - loss}  # the selected model's: what the table shows
         record |= {"validation_curve": [{"step": 100, "validation_loss": loss}]} | dlt_result
         (tmp_path / spec.directory).mkdir(parents=True)
         (tmp_path / spec.directory / "result.json").write_text(json.dumps(record))
     follower = next(run for run in runs_after(tuning[-1], dlt_result, settings) if run.label == "dlt final map, from scratch")
     (tmp_path / follower.directory).mkdir(parents=True)
-    (tmp_path / follower.directory / "result.json").write_text(json.dumps({"learning_rate": 1e-2, "validation_loss": 4.0}))
+    (tmp_path / follower.directory / "result.json").write_text(json.dumps({"learning_rate": 1e-2, "validation_loss": 4.0, "test_loss": 5.0}))
 
     written = json.loads(write_learning_rates(tmp_path, settings, grid, tuning).read_text())
     assert written["chosen"] == {"none": 3e-3, "dlt": 1e-2}  # the follower has not run at every rate: no choice
     assert written["validation_loss"]["none"] == {"0.001": 4.4, "0.003": 4.2, "0.01": 4.9}
     table = _learning_rate_lines(written)  # as the report shows the grid
-    assert "| strategy | lr 0.001 | lr 0.003 | lr 0.01 | chosen |" in table
-    assert "| none | 4.400 | 4.200 | 4.900 | 0.003 |" in table
-    assert "| dlt final map, from scratch | - | - | 4.000 | - |" in table
+    assert "| strategy | lr 0.001 | lr 0.003 | lr 0.01 | chosen | its test loss (at 0.003) |" in table
+    assert "| none | 4.400 | 4.200 | 4.900 | 0.003 | 5.800 (5.800) |" in table
+    assert "| dlt | 4.600 | 4.700 | 4.500 | 0.01 | 5.500 (5.300) |" in table
+    assert "| dlt final map, from scratch | - | - | 4.000 | - | - |" in table
     chosen = read_learning_rates(tmp_path)
 
     specs = at_learning_rates([RunSpec("none", "none", 1), RunSpec("dlt", "dlt", 1)], chosen, settings)
