@@ -82,10 +82,9 @@ def write_learning_rates(output: Path, settings: BenchSettings, grid: tuple[floa
     return path
 
 
-def collect_study(settings: BenchSettings, output: Path) -> dict[str, dict[int, dict]]:
+def collect_study(settings: BenchSettings, output: Path, learning_rates: dict[str, float] | None = None) -> dict[str, dict[int, dict]]:
     """label -> seed -> result, for every finished study run (in the plan's order of labels), each label at its
-    chosen learning rate when `learning_rates.json` says."""
-    learning_rates = read_learning_rates(output)
+    learning rate in `learning_rates` (`read_learning_rates`), the preset's without."""
     table: dict[str, dict[int, dict]] = {}
     for seed in settings.seeds:
         runs = at_learning_rates(independent_runs(settings, seed), learning_rates, settings)
@@ -303,15 +302,15 @@ def verdict_cell(difference: dict | None) -> str:
     return f"{_cell(difference)} ({difference['verdict']}{_equivalence_note(difference)})" if difference else ""
 
 
-def write_report(settings: BenchSettings, output: Path) -> Path:
-    table = collect_study(settings, output)
+def write_report(settings: BenchSettings, output: Path, learning_rates: dict[str, float] | None = None) -> Path:
+    """results.json, results.md and the plots, every strategy at its rate in `learning_rates` (the preset's without)."""
+    table = collect_study(settings, output, learning_rates)
     summary = summarise(table)
     memory = [result for spec in memory_runs(settings) if (result := _try_load(output, spec)) is not None]
     baselines = json.loads((output / "settings.json").read_text())["baselines"]
-    tuning = output / LEARNING_RATES_FILE
     payload = {
         "settings": json.loads(settings.fingerprint()) | {"seeds": list(settings.seeds)},
-        "learning_rates": json.loads(tuning.read_text()) if tuning.is_file() else None,
+        "learning_rates": json.loads((output / LEARNING_RATES_FILE).read_text()) if learning_rates is not None else None,
         "hardware": hardware(_distinct_runs(table) + memory),
         "baselines": baselines,
         **summary,
@@ -339,7 +338,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
     lines = [
         f"Model: TiedGPT2, {settings.n_layer} blocks x {settings.n_embd} ({settings.n_head} heads), context {settings.block_size}, "
         f"{data}; {settings.max_steps} steps x {settings.batch_size} x {settings.block_size} tokens, "
-        f"AdamW lr {settings.learning_rate:g} cosine, k = {settings.tying_interval}; budget U = {settings.max_distinct_blocks} "
+        f"AdamW {_rate_words(settings, payload['learning_rates'])} cosine, k = {settings.tying_interval}; budget U = {settings.max_distinct_blocks} "
         f"distinct blocks for dlt, random and similarity. Hardware: {payload['hardware']}.",
         "",
         ("Test loss in nats per labelled token on the task's test split" if settings.task else
@@ -382,6 +381,12 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
     memory = [run | {"label": f"memory: {run['label']}, {run['num_blocks']} blocks"} for run in payload["memory"]]
     lines += source_lines(study + memory)
     return "\n".join(lines) + "\n"
+
+
+def _rate_words(settings: BenchSettings, tuning: dict | None) -> str:
+    if tuning is None:
+        return f"lr {settings.learning_rate:g}"
+    return f"at each strategy's chosen rate (the table of learning rates below; the preset's is {settings.learning_rate:g})"
 
 
 def _learning_rate_lines(tuning: dict) -> list[str]:

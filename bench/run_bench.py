@@ -64,9 +64,9 @@ def main() -> None:
         if failures:
             sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
         return
-    learning_rates = read_learning_rates(output)
+    learning_rates = read_learning_rates(output) if args.tuned_learning_rates else None
     failures = [] if args.report_only else Scheduler(settings, output, args.jobs, not args.skip_memory, not args.memory_only, learning_rates).run()
-    report = write_report(settings, output)
+    report = write_report(settings, output, learning_rates)
     print(f"\nReport: {report}")
     if failures:
         sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))

@@ -181,6 +181,14 @@ class BenchArguments:
             "--report_only, write learning_rates.json from the runs finished so far."
         },
     )
+    tuned_learning_rates: bool = field(
+        default=True,
+        metadata={
+            "help": "Train and report each strategy at the rate --tune_learning_rates chose (learning_rates.json in the "
+            "results folder, where it exists). false: every strategy at the preset's rate, e.g. to regenerate a report "
+            "made before the tuning."
+        },
+    )
     memory_only: bool = field(
         default=False,
         metadata={

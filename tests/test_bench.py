@@ -422,7 +422,7 @@ def test_bad_compress_flags_are_named(flags, named):
 
 
 def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss(tmp_path):
-    from bench.report import _learning_rate_lines, read_learning_rates, write_learning_rates
+    from bench.report import _learning_rate_lines, collect_study, read_learning_rates, write_learning_rates
     from bench.settings import RunSpec, at_learning_rate, at_learning_rates, control_runs, runs_after
 
     settings = resolve_settings(BenchArguments(preset="tiny"))  # its own rate: 3e-3
@@ -455,6 +455,9 @@ def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss
     assert "| dlt | 4.600 | 4.700 | 4.500 | 0.01 | 5.500 (5.300) |" in table
     assert "| dlt final map, from scratch | - | - | 4.000 | - | - |" in table
     chosen = read_learning_rates(tmp_path)
+    # The report reads each strategy at its chosen rate, or, with --tuned_learning_rates false, at the preset's.
+    assert collect_study(settings, tmp_path, chosen)["dlt"][0]["learning_rate"] == 1e-2
+    assert collect_study(settings, tmp_path)["dlt"][0]["learning_rate"] == 3e-3
 
     specs = at_learning_rates([RunSpec("none", "none", 1), RunSpec("dlt", "dlt", 1)], chosen, settings)
     assert [spec.directory for spec in specs] == ["study/none/seed1", "study/dlt-lr0.01/seed1"]  # none kept the preset's rate: its runs are the study's own
