@@ -20,7 +20,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import PreTrainedTokenizerBase, TrainerCallback, default_data_collator, set_seed
+from transformers import EarlyStoppingCallback, PreTrainedTokenizerBase, TrainerCallback, default_data_collator, set_seed
 
 from hf_layertie.data.embedded import SHAKESPEARE_DIR
 from hf_layertie.decisions import DECISIONS
@@ -67,6 +67,16 @@ class RunMeter(TrainerCallback):
         if self._last_map is not None and current != self._last_map:
             self.map_change_steps.append(state.global_step)
         self._last_map = current
+
+
+class ValidationEarlyStopping(EarlyStoppingCallback):
+    """transformers' early stopping on the validation loss, deaf to the other evaluations the Trainer reports through
+    the same event (the test split's during training, both splits' after it), which would each warn that the
+    validation loss is missing."""
+
+    def on_evaluate(self, args, state, control, metrics, **kwargs):
+        if f"eval_{args.metric_for_best_model}" in metrics:
+            super().on_evaluate(args, state, control, metrics, **kwargs)
 
 
 def process_peak_bytes() -> tuple[int, str]:
@@ -180,6 +190,7 @@ def training_arguments(settings: BenchSettings, spec: RunSpec, output_dir: Path)
     tying = {name: value for name, value in tying.items() if name == "tying_strategy" or name in reads}
     tying.update(spec.tying)
     batch_size = settings.memory_batch_size if memory else settings.batch_size
+    evaluated = bool(settings.eval_interval) and not memory
     return TyingTrainingArguments(
         output_dir=str(output_dir),
         **tying,
@@ -193,8 +204,10 @@ def training_arguments(settings: BenchSettings, spec: RunSpec, output_dir: Path)
         seed=spec.seed,
         data_seed=spec.seed,
         use_cpu=not settings.use_gpu,
-        eval_strategy="steps" if settings.eval_interval and not memory else "no",
+        eval_strategy="steps" if evaluated else "no",
         eval_steps=settings.eval_interval,
+        # what early stopping watches (the Trainer tracks its best without saving checkpoints)
+        metric_for_best_model="validation_loss" if evaluated and settings.early_stopping_patience else None,
         save_strategy="no",
         logging_steps=max(1, steps // 10),
         report_to=[],
@@ -231,6 +244,8 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
     )
     meter = RunMeter(trainer)
     trainer.add_callback(meter)
+    if args.metric_for_best_model is not None:
+        trainer.add_callback(ValidationEarlyStopping(early_stopping_patience=settings.early_stopping_patience))
     train_seconds = trainer.train().metrics["train_runtime"]
     peak_bytes, peak_kind = process_peak_bytes()
     distinct = meter.distinct_per_step
@@ -252,6 +267,7 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
         "train_seconds": train_seconds,
         "tying_seconds": trainer.tying_seconds,
         "tying_decisions": len(trainer.tying_records),
+        "trained_steps": trainer.state.global_step,  # below max_steps where early stopping ended the run
         "learning_rate": args.learning_rate,
         **provenance(on_gpu=settings.use_gpu),
     }

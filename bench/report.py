@@ -28,6 +28,7 @@ from .settings import (  # noqa: E402
     SIMILARITY_FINAL_MAP_LABEL,
     STATIC_LAYOUTS,
     BenchSettings,
+    REPO_ROOT,
     RunSpec,
     at_learning_rates,
     core_runs,
@@ -52,12 +53,19 @@ def _try_load(output: Path, spec: RunSpec) -> dict | None:
 LEARNING_RATES_FILE = "learning_rates.json"
 
 
-def read_learning_rates(output: Path) -> dict[str, float] | None:
-    """The learning rates `--tune_learning_rates` chose, by label; None if it never ran."""
-    path = output / LEARNING_RATES_FILE
+def read_learning_rates(folder: Path) -> dict | None:
+    """What `--tune_learning_rates` wrote in `folder` (its grid, and each strategy's choice under "chosen"), and
+    where (under "file"); None if it never ran there."""
+    path = folder / LEARNING_RATES_FILE
     if not path.is_file():
         return None
-    return json.loads(path.read_text())["chosen"]
+    return json.loads(path.read_text()) | {"file": _shown_path(path)}
+
+
+def _shown_path(path: Path) -> str:
+    """`path` relative to the repository where it lies inside it: the same in every clone's report."""
+    path = path.resolve()
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
 
 
 def write_learning_rates(output: Path, settings: BenchSettings, grid: tuple[float, ...], runs: list[RunSpec]) -> Path:
@@ -302,15 +310,16 @@ def verdict_cell(difference: dict | None) -> str:
     return f"{_cell(difference)} ({difference['verdict']}{_equivalence_note(difference)})" if difference else ""
 
 
-def write_report(settings: BenchSettings, output: Path, learning_rates: dict[str, float] | None = None) -> Path:
-    """results.json, results.md and the plots, every strategy at its rate in `learning_rates` (the preset's without)."""
-    table = collect_study(settings, output, learning_rates)
+def write_report(settings: BenchSettings, output: Path, tuning: dict | None = None) -> Path:
+    """results.json, results.md and the plots, every strategy at the rate `tuning` chose (`read_learning_rates`;
+    the preset's without)."""
+    table = collect_study(settings, output, tuning["chosen"] if tuning is not None else None)
     summary = summarise(table)
     memory = [result for spec in memory_runs(settings) if (result := _try_load(output, spec)) is not None]
     baselines = json.loads((output / "settings.json").read_text())["baselines"]
     payload = {
         "settings": json.loads(settings.fingerprint()) | {"seeds": list(settings.seeds)},
-        "learning_rates": json.loads((output / LEARNING_RATES_FILE).read_text()) if learning_rates is not None else None,
+        "learning_rates": tuning,
         "hardware": hardware(_distinct_runs(table) + memory),
         "baselines": baselines,
         **summary,
@@ -337,7 +346,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
     bigram = payload["baselines"]["bigram_test_loss"]
     lines = [
         f"Model: TiedGPT2, {settings.n_layer} blocks x {settings.n_embd} ({settings.n_head} heads), context {settings.block_size}, "
-        f"{data}; {settings.max_steps} steps x {settings.batch_size} x {settings.block_size} tokens, "
+        f"{data}; {_length_words(settings)} x {settings.batch_size} x {settings.block_size} tokens, "
         f"AdamW {_rate_words(settings, payload['learning_rates'])} cosine, k = {settings.tying_interval}; budget U = {settings.max_distinct_blocks} "
         f"distinct blocks for dlt, random and similarity. Hardware: {payload['hardware']}.",
         "",
@@ -383,6 +392,15 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _length_words(settings: BenchSettings) -> str:
+    if not settings.early_stopping_patience:
+        return f"{settings.max_steps} steps"
+    return (
+        f"steps until {settings.early_stopping_patience} evaluations in a row find no lower validation loss (at most "
+        f"{settings.max_steps}; each run's count is in results.json, `trained_steps`)"
+    )
+
+
 def _rate_words(settings: BenchSettings, tuning: dict | None) -> str:
     if tuning is None:
         return f"lr {settings.learning_rate:g}"
@@ -394,7 +412,7 @@ def _learning_rate_lines(tuning: dict) -> list[str]:
     rates, preset = [f"{rate:g}" for rate in tuning["grid"]], f"{tuning['preset_learning_rate']:g}"
     lines = [
         "",
-        f"Learning rates chosen on validation loss (seed {tuning['seed']}; the preset's is {preset}; "
+        f"Learning rates chosen on validation loss ({tuning['file']}, seed {tuning['seed']}; the preset's is {preset}; "
         "- where a run has not finished: a strategy chooses once it has run at every rate; the test loss, of the model "
         "each run selects, plays no part in the choice):",
         "",
@@ -629,16 +647,16 @@ def _plot_validation(settings: BenchSettings, summary: dict, table: dict[str, di
     main = {spec.label for spec in core_runs(settings, settings.seeds[0])} | {summary["best_static_at_best_validation"]}
     figure, (curves_axes, selection_axes) = plt.subplots(1, 2, figsize=(14, 5.5), width_ratios=(3, 2))
     for index, label in enumerate(label for label in shown if label in main):
-        curves = [run["validation_curve"] for run in table[label].values()]
-        steps = [point["step"] for point in curves[0]]
-        means = [statistics.fmean(curve[i]["validation_loss"] for curve in curves) for i in range(len(steps))]
+        curves = [{point["step"]: point["validation_loss"] for point in run["validation_curve"]} for run in table[label].values()]
+        steps = sorted(set.intersection(*(set(curve) for curve in curves)))  # runs stopped early end at different steps
+        means = [statistics.fmean(curve[step] for curve in curves) for step in steps]
         colour = plt.get_cmap("tab10")(index % 10)
         curves_axes.plot(steps, means, label=f"{label} ({_seeds(len(curves))})", color=colour)
         lowest = min(range(len(steps)), key=means.__getitem__)
         curves_axes.plot(steps[lowest], means[lowest], marker="o", color=colour)
     curves_axes.set_xlabel("optimizer step")
     curves_axes.set_ylabel("validation loss (nats/token), mean over seeds")
-    curves_axes.set_title("Validation loss over training (dot: the mean curve's lowest point)")
+    curves_axes.set_title("Validation loss over training (dot: the mean curve's lowest point; each curve ends where its\nfirst run stopped)")
     curves_axes.legend(fontsize=8, loc="best")
     ordered = sorted(shown, key=lambda label: rows[label]["selected"]["test_loss"], reverse=True)
     for position, label in enumerate(ordered):

@@ -22,7 +22,7 @@ from transformers import HfArgumentParser
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.measure import count_bigram_test_loss, run, task_data  # noqa: E402
-from bench.report import load_result, read_learning_rates, write_learning_rates, write_report  # noqa: E402
+from bench.report import LEARNING_RATES_FILE, load_result, read_learning_rates, write_learning_rates, write_report  # noqa: E402
 from bench.scheduling import Job, run_jobs, single_run_command, write_complete  # noqa: E402
 from bench.settings import (  # noqa: E402
     BenchArguments,
@@ -64,9 +64,12 @@ def main() -> None:
         if failures:
             sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
         return
-    learning_rates = read_learning_rates(output) if args.tuned_learning_rates else None
+    tuning = read_learning_rates(Path(args.learning_rates_from or output)) if args.tuned_learning_rates else None
+    if args.learning_rates_from is not None and tuning is None:
+        raise SystemExit(f"--learning_rates_from {args.learning_rates_from}: no {LEARNING_RATES_FILE} there")
+    learning_rates = tuning["chosen"] if tuning is not None else None
     failures = [] if args.report_only else Scheduler(settings, output, args.jobs, not args.skip_memory, not args.memory_only, learning_rates).run()
-    report = write_report(settings, output, learning_rates)
+    report = write_report(settings, output, tuning)
     print(f"\nReport: {report}")
     if failures:
         sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))

@@ -59,6 +59,11 @@ class BenchSettings:
     eval_interval: int | None = None
     max_validation_blocks: int | None = None
     controls: bool = False  # add `control_runs` to every seed
+    # Stop a run once its validation loss has not fallen for this many evaluations in a row (transformers'
+    # `EarlyStoppingCallback`; needs `eval_interval`): a run trains until it has passed its best-validation step and
+    # then long enough to show what training on costs, not a fixed length that stops some runs before their minimum.
+    # 0: every run trains all `max_steps`.
+    early_stopping_patience: int = 0
     # A generated task instead of the plays (preset `depth`): `<name>:<config>` of `hf_layertie.language_modeling.
     # multihop.HOP_TASKS`, e.g. "hop_induction:length=64,max_hops=4"; every run then also reports accuracy per hop
     # count, and the static layouts are also trained at the budget itself (`<layout> @ U`), not only at DLT's.
@@ -69,12 +74,18 @@ class BenchSettings:
         return fingerprint(self, scheduling=("seeds", "num_threads"))
 
 
+# Settings added after runs were recorded, with the value that behaves as before: left out of a fingerprint at that
+# value, so that the earlier runs keep theirs.
+LATER_SETTINGS = {"task": None, "early_stopping_patience": 0}
+
+
 def fingerprint(settings, scheduling: tuple[str, ...]) -> str:
-    """A settings dataclass as JSON without its `scheduling` fields, and without `task` when it is unset, so that
-    the runs recorded before that field existed keep their fingerprint."""
+    """A settings dataclass as JSON without its `scheduling` fields, and without a `LATER_SETTINGS` field at its
+    former behaviour."""
     fields = {name: value for name, value in dataclasses.asdict(settings).items() if name not in scheduling}
-    if fields.get("task", "set") is None:
-        del fields["task"]
+    for name, former in LATER_SETTINGS.items():
+        if name in fields and fields[name] == former:
+            del fields[name]
     return json.dumps(fields)
 
 
@@ -103,16 +114,19 @@ PRESETS: dict[str, BenchSettings] = {
         memory_depths=(12, 24, 48), memory_n_embd=128, memory_n_head=4, memory_max_distinct_blocks=8,
         memory_batch_size=8, memory_steps=60, memory_tying_interval=2, controls=True,
     ),  # fmt: skip
-    # The paper's regime at CPU size: one play (Julius Caesar, 41 k tokens) trained 2,000 steps of 16 x 64 tokens
-    # (about 50 epochs: conventional training overfits within the first few hundred steps), dropout 0.2 (the
-    # authors' code), k = 15 (the paper's), validation (Macbeth and The Tempest, first 64 blocks) and test (first 256
-    # blocks of the test works) every 100 steps. Each run about 6 minutes on one core.
+    # The paper's regime at CPU size: one play (Julius Caesar, 41 k tokens) trained for many epochs in steps of 16 x 64
+    # tokens (2,000 steps are about 50), dropout 0.2 (the authors' code), k = 15 (the paper's), validation (Macbeth
+    # and The Tempest, first 64 blocks) and test (first 256 blocks of the test works) every 100 steps. Each run stops
+    # 10 evaluations (1,000 steps) after its lowest validation loss, or at 6,000 steps: at the chosen learning rates
+    # (3e-4 for most strategies, bench/results/paper-2000-steps/learning_rates.json) 2,000 steps end before any
+    # strategy overfits, and 6,000-step probes reach their minimum at steps 1,800-1,900 (bench/README.md). About 10
+    # minutes per 12-block run beside another on 2 cores.
     "paper": BenchSettings(
-        n_layer=12, n_embd=64, n_head=4, block_size=64, max_steps=2000, batch_size=16, learning_rate=3e-3,
+        n_layer=12, n_embd=64, n_head=4, block_size=64, max_steps=6000, batch_size=16, learning_rate=3e-3,
         warmup_steps=50, tying_interval=15, max_distinct_blocks=4, seeds=tuple(range(10)), max_test_blocks=256,
         memory_depths=(12, 24, 48), memory_n_embd=128, memory_n_head=4, memory_max_distinct_blocks=8,
         memory_batch_size=8, memory_steps=60, memory_tying_interval=2, train_works=("julius_caesar",), dropout=0.2,
-        eval_interval=100, max_validation_blocks=64, controls=True,
+        eval_interval=100, max_validation_blocks=64, controls=True, early_stopping_patience=10,
     ),  # fmt: skip
     # The paper's headline depth in its regime: 48 blocks tied to at most 8 distinct (the paper reports 7-10 of 48),
     # narrower (32). Still, a 48-block run takes 11 to 13 minutes beside another on 2 cores (seed 0: 778 s
@@ -161,8 +175,8 @@ class BenchArguments:
         default="default",
         metadata={
             "help": "tiny: a 2-minute smoke test. default: the CPU study (10 seeds with controls: about 7 h on 2 cores, resumable). paper: the paper's "
-            "regime, one play for many epochs with dropout and model selection on validation (about 6 minutes per run "
-            "on one core, 19 runs per seed). paper48: the same at 48 blocks x 32, budget 8 (11 to 13 minutes per run beside another, 5 seeds in about 8 h on 2 cores). depth: k-hop induction, "
+            "regime, one play for many epochs with dropout and model selection on validation, each run stopping 1,000 "
+            "steps after its lowest validation loss (about 10 minutes per 12-block run beside another, 19 runs per seed). paper48: the same at 48 blocks x 32, budget 8 (11 to 13 minutes per run beside another, 5 seeds in about 8 h on 2 cores). depth: k-hop induction, "
             "where depth matters, 4 blocks with a budget of 2 (about 6 minutes per run on one core). gpu: 12 x 384 on one GPU, with dropout and model selection as in paper (about an hour for 5 seeds with --jobs 8 on an H200)."
         },
     )
@@ -187,6 +201,13 @@ class BenchArguments:
             "help": "Train and report each strategy at the rate --tune_learning_rates chose (learning_rates.json in the "
             "results folder, where it exists). false: every strategy at the preset's rate, e.g. to regenerate a report "
             "made before the tuning."
+        },
+    )
+    learning_rates_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "A results folder whose learning_rates.json gives each strategy's rate, e.g. the grid of a study "
+            "of the same models at another length. Default: the results folder's own."
         },
     )
     memory_only: bool = field(
@@ -218,6 +239,9 @@ class BenchArguments:
     dropout: float | None = _override("Dropout of the compared models (residual, embedding, attention).")
     eval_interval: int | None = _override("Steps between two measurements of the validation and test loss.")
     max_validation_blocks: int | None = _override("Cap on the validation blocks evaluated.")
+    early_stopping_patience: int | None = _override(
+        "Stop a run after this many evaluations without a lower validation loss; 0: train every step."
+    )
     task: str | None = _override("A generated task instead of the plays, e.g. 'hop_induction:length=16,max_hops=2'.")
     num_threads: int | None = _override("torch intra-op threads per run.")
     use_gpu: bool | None = _override("'true': train on the CUDA GPU (preset gpu does).")
@@ -277,6 +301,10 @@ def _check(settings: BenchSettings) -> None:
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be >= 1, got {value}")
     check_task(settings.task)
+    if settings.early_stopping_patience < 0:
+        raise ValueError(f"--early_stopping_patience must be >= 0, got {settings.early_stopping_patience}")
+    if settings.early_stopping_patience and not settings.eval_interval:
+        raise ValueError("--early_stopping_patience needs --eval_interval: it counts evaluations of the validation loss")
     if not 0 <= settings.dropout < 1:
         raise ValueError(f"--dropout must be in [0, 1), got {settings.dropout}")
     if settings.learning_rate <= 0:

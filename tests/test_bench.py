@@ -244,6 +244,21 @@ def test_every_run_reports_the_test_loss_at_its_best_validation_step_and_the_rep
     assert image.shape[0] > 300 and image.shape[1] > 1200  # the curves beside the selected-vs-last comparison
 
 
+def test_a_run_with_early_stopping_stops_once_its_validation_loss_has_not_fallen_for_patience_evaluations(tmp_path):
+    from bench.measure import run
+
+    patience = 2  # a high learning rate, so that the validation loss soon stops falling
+    settings = dataclasses.replace(TINY, max_steps=60, eval_interval=2, early_stopping_patience=patience, learning_rate=0.3)
+    result = run(settings, RunSpec("none", "none", 0), tmp_path)
+    curve = [point["validation_loss"] for point in result["validation_curve"]]
+    assert result["trained_steps"] == result["validation_curve"][-1]["step"] < settings.max_steps
+    assert len(curve) == result["trained_steps"] // settings.eval_interval
+    # It stopped at the first evaluation that made `patience` in a row without a new lowest validation loss.
+    without_new_low = [all(curve[j] >= min(curve[:j]) for j in range(i - patience + 1, i + 1)) for i in range(patience, len(curve))]
+    assert without_new_low[-1] and not any(without_new_low[:-1])
+    assert result["best_validation_step"] == settings.eval_interval * (1 + curve.index(min(curve)))
+
+
 @pytest.mark.slow
 def test_a_study_on_a_task_reports_accuracy_per_hop_count_for_every_strategy(tmp_path):
     task = "hop_induction:length=16,max_hops=2,train_examples=200,eval_examples=40"
@@ -318,12 +333,14 @@ def test_no_difference_gets_a_size_from_an_equivalence_test_on_losses_only():
         ({"memory_depths": "2,8"}, "every depth must exceed --memory_max_distinct_blocks"),
         ({"dropout": 1.0}, r"--dropout must be in \[0, 1\), got 1.0"),
         ({"eval_interval": 0}, "--eval_interval must be >= 1"),
+        ({"early_stopping_patience": -1}, "--early_stopping_patience must be >= 0, got -1"),
+        ({"preset": "default", "early_stopping_patience": 3}, "--early_stopping_patience needs --eval_interval"),
         ({"task": "chains:length=8"}, "--task 'chains:length=8': expected '<name>:<config>' with a name among"),
     ],
 )
 def test_bad_flags_are_named(flags, named):
     with pytest.raises(ValueError, match=named):
-        resolve_settings(BenchArguments(preset="tiny", **flags))
+        resolve_settings(BenchArguments(**{"preset": "tiny", **flags}))
 
 
 # ----- bench/compress.py -----
@@ -449,12 +466,15 @@ def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss
     written = json.loads(write_learning_rates(tmp_path, settings, grid, tuning).read_text())
     assert written["chosen"] == {"none": 3e-3, "dlt": 1e-2}  # the follower has not run at every rate: no choice
     assert written["validation_loss"]["none"] == {"0.001": 4.4, "0.003": 4.2, "0.01": 4.9}
-    table = _learning_rate_lines(written)  # as the report shows the grid
+    tuned = read_learning_rates(tmp_path)
+    assert tuned["grid"] == written["grid"] and tuned["file"] == str(tmp_path.resolve() / "learning_rates.json")
+    table = _learning_rate_lines(tuned)  # as the report shows the grid
+    assert table[1].startswith(f"Learning rates chosen on validation loss ({tuned['file']}, seed 0;")
     assert "| strategy | lr 0.001 | lr 0.003 | lr 0.01 | chosen | its test loss (at 0.003) |" in table
     assert "| none | 4.400 | 4.200 | 4.900 | 0.003 | 5.800 (5.800) |" in table
     assert "| dlt | 4.600 | 4.700 | 4.500 | 0.01 | 5.500 (5.300) |" in table
     assert "| dlt final map, from scratch | - | - | 4.000 | - | - |" in table
-    chosen = read_learning_rates(tmp_path)
+    chosen = tuned["chosen"]
     # The report reads each strategy at its chosen rate, or, with --tuned_learning_rates false, at the preset's.
     assert collect_study(settings, tmp_path, chosen)["dlt"][0]["learning_rate"] == 1e-2
     assert collect_study(settings, tmp_path)["dlt"][0]["learning_rate"] == 3e-3
@@ -469,6 +489,12 @@ def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss
         "dlt, explore then commit": 1e-2, "dlt, k = 15": 1e-2, "dlt, k = 50": 1e-2, "dlt, exploration 40%": 1e-2
     }  # fmt: skip
     assert next(spec for spec in controls if spec.rate_of == "dlt (paper agent)").learning_rate is None
+
+
+def test_learning_rates_from_a_folder_without_a_grid_is_refused_by_name(tmp_path):
+    completed = _bench(tmp_path / "study", "--learning_rates_from", str(tmp_path), "--report_only", "true")
+    assert completed.returncode != 0
+    assert f"--learning_rates_from {tmp_path}: no learning_rates.json there" in completed.stderr
 
 
 @pytest.mark.parametrize("text", ["", "0.001,x", "0", "3"])
