@@ -267,7 +267,8 @@ def _selected(runs: dict[int, dict], measured: dict[str, dict[int, dict]], contr
         if all("test_loss_at_best_validation" in run for run in measured[other].values())
     }
     steps = statistics.fmean(run["best_validation_step"] for run in runs.values())
-    return {"test_loss": loss, "test_loss_half_width": half, "best_validation_step": steps, "versus": versus}
+    last = statistics.fmean(run["validation_curve"][-1]["step"] for run in runs.values())  # below max_steps if stopped early
+    return {"test_loss": loss, "test_loss_half_width": half, "best_validation_step": steps, "last_step": last, "versus": versus}
 
 
 def _same_final_budget(runs: dict[int, dict], dlt_final: dict[int, int]) -> bool:
@@ -480,7 +481,7 @@ def _selection_lines(settings: BenchSettings, payload: dict) -> list[str]:
         f"{_layout_name(payload['best_static_at_best_validation'])}, the lowest in mean best validation loss). Validation curves "
         "and selected against last-step test losses: validation_over_steps.png.",
         "",
-        "| strategy | test loss at best validation | best step (mean) | vs none | vs untied U | vs random | vs best static | vs dlt |",
+        "| strategy | test loss at best validation | best / last step (mean) | vs none | vs untied U | vs random | vs best static | vs dlt |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for label, row in rows.items():
@@ -489,7 +490,8 @@ def _selection_lines(settings: BenchSettings, payload: dict) -> list[str]:
             continue
         versus = selected["versus"]
         lines.append(
-            f"| {label} | {estimate(selected['test_loss'], selected['test_loss_half_width'])} | {selected['best_validation_step']:.0f} "
+            f"| {label} | {estimate(selected['test_loss'], selected['test_loss_half_width'])} "
+            f"| {selected['best_validation_step']:.0f} / {selected['last_step']:.0f} "
             f"| {_cell(versus.get('none'))} | {_cell(versus.get('untied U'))} | {_cell(versus.get('random'))} "
             f"| {_cell(versus.get('best static'))} | {_cell(versus.get('dlt'))} |"
         )

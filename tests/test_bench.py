@@ -239,7 +239,7 @@ def test_every_run_reports_the_test_loss_at_its_best_validation_step_and_the_rep
     verdicts = table.split("Paired verdicts at each run's best-validation step (the paper's model selection):")[1]
     assert f"- dlt vs none: {reported['verdict']} ({reported['mean']:+.3f} ± {reported['half_width']:.3f} nats" in verdicts
     assert "- untied, 2 blocks vs none: " in verdicts  # the equal-memory model against full depth
-    assert "| strategy | test loss at best validation |" in table
+    assert "| strategy | test loss at best validation | best / last step (mean) |" in table
     image = matplotlib.image.imread(folder / "validation_over_steps.png")
     assert image.shape[0] > 300 and image.shape[1] > 1200  # the curves beside the selected-vs-last comparison
 
