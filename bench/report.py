@@ -658,7 +658,7 @@ def _plot_validation(settings: BenchSettings, summary: dict, table: dict[str, di
         curves_axes.plot(steps[lowest], means[lowest], marker="o", color=colour)
     curves_axes.set_xlabel("optimizer step")
     curves_axes.set_ylabel("validation loss (nats/token), mean over seeds")
-    curves_axes.set_title("Validation loss over training (dot: the mean curve's lowest point; each curve ends where its\nfirst run stopped)")
+    curves_axes.set_title("Validation loss over training (dot: the mean curve's lowest point;\na curve ends where its earliest-stopped seed stopped)")
     curves_axes.legend(fontsize=8, loc="best")
     ordered = sorted(shown, key=lambda label: rows[label]["selected"]["test_loss"], reverse=True)
     for position, label in enumerate(ordered):
