@@ -347,7 +347,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
     bigram = payload["baselines"]["bigram_test_loss"]
     lines = [
         f"Model: TiedGPT2, {settings.n_layer} blocks x {settings.n_embd} ({settings.n_head} heads), context {settings.block_size}, "
-        f"{data}; {_length_words(settings)} x {settings.batch_size} x {settings.block_size} tokens, "
+        f"{data}; {_length_words(settings)}, "
         f"AdamW {_rate_words(settings, payload['learning_rates'])} cosine, k = {settings.tying_interval}; budget U = {settings.max_distinct_blocks} "
         f"distinct blocks for dlt, random and similarity. Hardware: {payload['hardware']}.",
         "",
@@ -394,11 +394,12 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
 
 
 def _length_words(settings: BenchSettings) -> str:
+    steps = f"{settings.max_steps} steps x {settings.batch_size} x {settings.block_size} tokens"
     if not settings.early_stopping_patience:
-        return f"{settings.max_steps} steps"
+        return steps
     return (
-        f"steps until {settings.early_stopping_patience} evaluations in a row find no lower validation loss (at most "
-        f"{settings.max_steps}; each run's count is in results.json, `trained_steps`)"
+        f"up to {steps}, each run stopped once {settings.early_stopping_patience} evaluations in a row found no lower "
+        "validation loss (its `trained_steps` in results.json)"
     )
 
 
