@@ -25,10 +25,10 @@ from .provenance import hardware, source, source_lines  # noqa: E402
 from .settings import (  # noqa: E402
     FINAL_MAP_LABEL,
     RANDOM_FINAL_MAP_LABEL,
+    REPO_ROOT,
     SIMILARITY_FINAL_MAP_LABEL,
     STATIC_LAYOUTS,
     BenchSettings,
-    REPO_ROOT,
     RunSpec,
     at_learning_rates,
     core_runs,
