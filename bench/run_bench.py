@@ -49,24 +49,25 @@ def main() -> None:
     if args.single_run is not None:
         single_run(settings, RunSpec.from_json(args.single_run), output)
         return
+    # Before claiming the folder: a bad flag leaves nothing behind.
+    tuning = read_learning_rates(Path(args.learning_rates_from or output)) if args.tuned_learning_rates else None
+    if args.learning_rates_from is not None and tuning is None:
+        raise SystemExit(f"--learning_rates_from {args.learning_rates_from}: no {LEARNING_RATES_FILE} there")
     claim_results_dir(output, settings)
     if args.tune_learning_rates is not None:
         grid = parse_learning_rates(args.tune_learning_rates)
         # Strategy by strategy, each at every rate, so that a tuning stopped early has whole grids for its first ones;
         # the controls take their strategy's rate (control_runs).
-        tuning = [at_learning_rate(spec, rate, settings) for spec in core_runs(settings, settings.seeds[0]) for rate in grid]
+        grid_runs = [at_learning_rate(spec, rate, settings) for spec in core_runs(settings, settings.seeds[0]) for rate in grid]
         failures = []
         if not args.report_only:
             scheduler = Scheduler(settings, output, args.jobs, with_memory=False, with_study=False)
-            scheduler.queue = list(enumerate(tuning))
+            scheduler.queue = list(enumerate(grid_runs))
             failures = scheduler.run()
-        print(f"\nLearning rates: {write_learning_rates(output, settings, grid, tuning)}")
+        print(f"\nLearning rates: {write_learning_rates(output, settings, grid, grid_runs)}")
         if failures:
             sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
         return
-    tuning = read_learning_rates(Path(args.learning_rates_from or output)) if args.tuned_learning_rates else None
-    if args.learning_rates_from is not None and tuning is None:
-        raise SystemExit(f"--learning_rates_from {args.learning_rates_from}: no {LEARNING_RATES_FILE} there")
     learning_rates = tuning["chosen"] if tuning is not None else None
     failures = [] if args.report_only else Scheduler(settings, output, args.jobs, not args.skip_memory, not args.memory_only, learning_rates).run()
     report = write_report(settings, output, tuning)

@@ -495,6 +495,7 @@ def test_learning_rates_from_a_folder_without_a_grid_is_refused_by_name(tmp_path
     completed = _bench(tmp_path / "study", "--learning_rates_from", str(tmp_path), "--report_only", "true")
     assert completed.returncode != 0
     assert f"--learning_rates_from {tmp_path}: no learning_rates.json there" in completed.stderr
+    assert not (tmp_path / "study").exists()  # refused before the results folder is claimed
 
 
 @pytest.mark.parametrize("text", ["", "0.001,x", "0", "3"])
