@@ -412,21 +412,22 @@ def _rate_words(settings: BenchSettings, tuning: dict | None) -> str:
 def _learning_rate_lines(tuning: dict) -> list[str]:
     """The grid `--tune_learning_rates` ran: each strategy's validation loss at each rate, and its choice."""
     rates, preset = [f"{rate:g}" for rate in tuning["grid"]], f"{tuning['preset_learning_rate']:g}"
+    at_preset = f" (at {preset})" if preset in rates else ""  # a grid without the preset's rate has no bracket to explain
     lines = [
         "",
         f"Learning rates chosen on validation loss ({tuning['file']}, seed {tuning['seed']}; the preset's is {preset}; "
         "- where a run has not finished: a strategy chooses once it has run at every rate; the test loss, of the model "
         "each run selects, plays no part in the choice):",
         "",
-        "| strategy | " + " | ".join(f"lr {rate}" for rate in rates) + f" | chosen | its test loss (at {preset}) |",
+        "| strategy | " + " | ".join(f"lr {rate}" for rate in rates) + f" | chosen | its test loss{at_preset} |",
         "|---|" + "---|" * (len(rates) + 2),
     ]
     for label, by_rate in tuning["validation_loss"].items():
         cells = " | ".join(f"{by_rate[rate]:.3f}" if rate in by_rate else "-" for rate in rates)
         chosen = tuning["chosen"].get(label)
         test = tuning["selected_test_loss"][label]
-        at_preset = f" ({test[preset]:.3f})" if preset in test else ""
-        tested = f"{test[f'{chosen:g}']:.3f}{at_preset}" if chosen is not None else "-"
+        bracket = f" ({test[preset]:.3f})" if preset in test else ""
+        tested = f"{test[f'{chosen:g}']:.3f}{bracket}" if chosen is not None else "-"
         lines.append(f"| {label} | {cells} | {'-' if chosen is None else f'{chosen:g}'} | {tested} |")
     return lines
 
