@@ -475,8 +475,8 @@ def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss
     assert "| dlt | 4.600 | 4.700 | 4.500 | 0.01 | 5.500 (5.300) |" in table
     assert "| dlt final map, from scratch | - | - | 4.000 | - | - |" in table
     # A grid without the preset's rate (a re-tuning around the chosen rate) has no bracketed loss to announce.
-    narrowed = {"grid": [1e-3, 1e-2], "validation_loss": {"none": {"0.001": 4.4, "0.01": 4.9}}, "chosen": {"none": 1e-3}}
-    narrowed = _learning_rate_lines(tuned | narrowed | {"selected_test_loss": {"none": {"0.001": 5.6, "0.01": 5.1}}})
+    narrowed_grid = {"grid": [1e-3, 1e-2], "validation_loss": {"none": {"0.001": 4.4, "0.01": 4.9}}, "chosen": {"none": 1e-3}}
+    narrowed = _learning_rate_lines(tuned | narrowed_grid | {"selected_test_loss": {"none": {"0.001": 5.6, "0.01": 5.1}}})
     assert "| strategy | lr 0.001 | lr 0.01 | chosen | its test loss |" in narrowed
     assert "| none | 4.400 | 4.900 | 0.001 | 5.600 |" in narrowed
     chosen = tuned["chosen"]
