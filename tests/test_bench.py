@@ -491,9 +491,24 @@ def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss
     # A control changes one setting of its strategy and trains at that strategy's rate, though never tuned itself.
     controls = at_learning_rates(control_runs(settings, 1), chosen, settings)
     assert {spec.label: spec.learning_rate for spec in controls if spec.rate_of == "dlt"} == {
-        "dlt, explore then commit": 1e-2, "dlt, k = 15": 1e-2, "dlt, k = 50": 1e-2, "dlt, exploration 40%": 1e-2
+        "dlt, exploration 20%": 1e-2, "dlt, exploration 20%, then commit": 1e-2, "dlt, k = 15": 1e-2, "dlt, k = 50": 1e-2
     }  # fmt: skip
     assert next(spec for spec in controls if spec.rate_of == "dlt (paper agent)").learning_rate is None
+
+
+@pytest.mark.parametrize("preset", [name for name, settings in PRESETS.items() if settings.controls])
+def test_the_commit_control_commits_early_and_differs_from_its_pair_by_the_commit_alone(preset):
+    """Committing can only change what a run selects if exploration ends before its best-validation step: in `paper`
+    DLT's are at steps 1,600-2,300 (docs/study/paper/results.json), where the default 80% of 6,000 planned steps
+    would end exploration at 4,800, after every run had stopped."""
+    from bench.settings import control_runs
+
+    settings = PRESETS[preset]
+    controls = {spec.label: spec for spec in control_runs(settings, 0)}
+    explore, commit = controls["dlt, exploration 20%"], controls["dlt, exploration 20%, then commit"]
+    assert dict(commit.tying) == dict(explore.tying) | {"commit_after_exploration": True}
+    assert (explore.strategy, explore.dlt_variant, explore.rate_of) == (commit.strategy, commit.dlt_variant, "dlt")
+    assert dict(commit.tying)["exploration_fraction"] * settings.max_steps <= 1200  # paper: step 1,200 of 6,000
 
 
 def test_learning_rates_from_a_folder_without_a_grid_is_refused_by_name(tmp_path):
