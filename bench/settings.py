@@ -438,12 +438,10 @@ def control_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
     tunes the strategies, not their controls."""
     dlt, paper_agent = dlt_run(seed), paper_agent_run(seed)
     intervals = [k for k in (2, 15, 50) if k != settings.tying_interval]
-    exploration = f"dlt, exploration {CONTROL_EXPLORATION_FRACTION:.0%}"
+    shorter = _control(dlt, f"dlt, exploration {CONTROL_EXPLORATION_FRACTION:.0%}", exploration_fraction=CONTROL_EXPLORATION_FRACTION)
     return [
-        _control(dlt, exploration, exploration_fraction=CONTROL_EXPLORATION_FRACTION),
-        _control(
-            dlt, f"{exploration}, then commit", exploration_fraction=CONTROL_EXPLORATION_FRACTION, commit_after_exploration=True
-        ),
+        shorter,
+        _control(dlt, f"{shorter.label}, then commit", **dict(shorter.tying), commit_after_exploration=True),
         _control(paper_agent, "dlt (paper agent), reward -loss", reward_kind="negative_loss"),
         *(_control(dlt, f"dlt, k = {k}", tying_interval=k) for k in intervals),
     ]

@@ -488,7 +488,7 @@ def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss
     assert [spec.directory for spec in specs] == ["study/none/seed1", "study/dlt-lr0.01/seed1"]  # none kept the preset's rate: its runs are the study's own
     assert all(f.learning_rate is None for f in runs_after(specs[1], dlt_result, settings, chosen))  # not tuned: the preset's rate
     assert all(f.learning_rate == 1e-2 for f in runs_after(specs[1], dlt_result, settings))  # tuning: the leader's
-    # A control changes one setting of its strategy and trains at that strategy's rate, though never tuned itself.
+    # A control changes settings of its strategy and trains at that strategy's rate, though never tuned itself.
     controls = at_learning_rates(control_runs(settings, 1), chosen, settings)
     assert {spec.label: spec.learning_rate for spec in controls if spec.rate_of == "dlt"} == {
         "dlt, exploration 20%": 1e-2, "dlt, exploration 20%, then commit": 1e-2, "dlt, k = 15": 1e-2, "dlt, k = 50": 1e-2
