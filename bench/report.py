@@ -590,25 +590,27 @@ def _plot_quality(rows: dict[str, dict], bigram: float | None, path: Path) -> No
     """Test loss with its interval against the blocks that owned weights on average, one marker per strategy (a
     label whose runs are another's is left out); strategies at the same budget are spread a little sideways. The
     legend stands beside the axes, so that it hides no point (12 untied blocks sit at the right edge), and each of up
-    to 20 strategies gets its own colour."""
+    to 20 strategies gets its own colour. Each run's loss is that of the model it selects (its best-validation step
+    under model selection, its last step without), the loss the report's tables lead with."""
     shown = [label for label in rows if rows[label]["same_runs_as"] is None]
     figure, axes = plt.subplots(figsize=(10, 5))
     at_budget: dict[float, int] = {}
     for index, label in enumerate(shown):
         row = rows[label]
+        quality = row["selected"] or row
         budget = round(row["distinct_mean"], 1)
         earlier = at_budget.get(budget, 0)  # markers already drawn at this budget
         at_budget[budget] = earlier + 1
         offset = 0.12 * earlier
-        half = 0 if math.isnan(row["test_loss_half_width"]) else row["test_loss_half_width"]
+        half = 0 if math.isnan(quality["test_loss_half_width"]) else quality["test_loss_half_width"]
         axes.errorbar(
-            row["distinct_mean"] + offset, row["test_loss"], yerr=half, capsize=4, label=label,
+            row["distinct_mean"] + offset, quality["test_loss"], yerr=half, capsize=4, label=label,
             fmt="os^vDP*Xph"[index % 10], color=plt.get_cmap("tab20")(index % 20),
         )  # fmt: skip
     if bigram is not None:
         axes.axhline(bigram, color="grey", linestyle="--", label=f"count bigram ({bigram:.3f})")
     axes.set_xlabel("distinct blocks, mean over training steps")
-    axes.set_ylabel("test loss (nats/token), mean ± 95% interval")
+    axes.set_ylabel("test loss of the selected model (nats/token),\nmean ± 95% interval")
     axes.set_title("Quality against the blocks that own weights (lower is better)")
     axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
