@@ -8,7 +8,7 @@ import datasets
 import matplotlib.pyplot as plt
 import pytest
 import torch
-from conftest import make_tiny_gpt2_config
+from conftest import every_kind, make_tiny_gpt2_config
 from safetensors.torch import load_file
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
 
@@ -55,6 +55,36 @@ def make_trainer(output_dir, model=None, callbacks=(), **overrides):
         eval_dataset=data.select(range(8)),
         callbacks=list(callbacks),
     )
+
+
+@every_kind
+def test_the_trainer_reports_the_mean_loss_of_the_tokens_the_model_scores(tmp_path, kind):
+    """Training and evaluation losses equal the mean token loss computed by hand: a causal model scores L - 1
+    tokens of a row of L (the first has no prediction), a masked one its labelled tokens. The Trainer divides the
+    summed loss by a count of its own; for GPT-2 it once counted every label, which made every loss low by
+    (L - 1) / L."""
+    model = kind.tied_model([0, 0, 2, 2])
+    for module in model.modules():  # the losses of a training step and of evaluation then agree
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    ids = torch.randint(1, 100, (12, 16), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    if not kind.causal:  # four labelled tokens per row, so that every batch scores as many tokens per row
+        keep = torch.rand(ids.shape, generator=torch.Generator().manual_seed(1)).argsort(dim=1)[:, :4]
+        labels = torch.full_like(ids, -100).scatter(1, keep, ids.gather(1, keep))
+    data = datasets.Dataset.from_dict({"input_ids": ids.tolist(), "labels": labels.tolist()})
+    args = tying_args(tmp_path, tying_strategy="none", max_steps=3, learning_rate=0.0, per_device_eval_batch_size=5)
+    trainer = TyingTrainer(model=model, args=args, train_dataset=data, eval_dataset=data)
+    train_loss = trainer.train().training_loss  # three batches of 4 rows: every row once, the weights unchanged
+    eval_loss = trainer.evaluate()["eval_loss"]  # batches of 5, 5 and 2 rows
+
+    with torch.no_grad():
+        logits = trainer.model(input_ids=ids).logits
+    if kind.causal:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    by_hand = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100).item()
+    assert eval_loss == pytest.approx(by_hand, rel=1e-5)
+    assert train_loss == pytest.approx(by_hand, rel=1e-5)
 
 
 def torch_optimizer(trainer):
