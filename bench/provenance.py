@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from .correct_loss_count import CORRECTION_FIELD
+
 PACKAGES = ("torch", "transformers", "accelerate", "datasets", "peft")
 
 
@@ -72,7 +74,7 @@ def source_lines(records: list[dict]) -> list[str]:
     if not records:
         return ["", "Runs came from: no run has finished yet."]
     if len({source(record) for record in records}) == 1:
-        return ["", f"Runs came from: {source(records[0])}"]
+        return ["", f"Runs came from: {source(records[0])}"] + _correction_lines(records)
     shared = all("commit" in record for record in records) and len({_versions(record) for record in records}) == 1
     runs_by_source: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
     for record in records:
@@ -82,4 +84,20 @@ def source_lines(records: list[dict]) -> list[str]:
     for origin, runs in runs_by_source.items():
         listed = "; ".join(f"{label} ({', '.join(map(str, sorted(seeds)))})" for label, seeds in runs.items())
         lines.append(f"- {origin}: {listed}")
-    return lines
+    return lines + _correction_lines(records)
+
+
+def _correction_lines(records: list[dict]) -> list[str]:
+    """Which losses were rescaled after they were measured (`bench/correct_loss_count.py`), and by what."""
+    corrections = [record[CORRECTION_FIELD] for record in records if CORRECTION_FIELD in record]
+    if not corrections:
+        return []
+    factors = ", ".join(sorted({f"{c['block_size']}/{c['block_size'] - 1}" for c in corrections}))
+    fixed_in = ", ".join(sorted({c["fixed_in"] for c in corrections}))
+    return [
+        "",
+        f"Losses of {len(corrections)} of these {len(records)} runs were measured before commit {fixed_in}, when the "
+        f"Trainer divided a GPT-2 loss by one token per row too many; they were multiplied by {factors} afterwards "
+        f"(`bench/correct_loss_count.py`), which makes them exact, since every evaluated block is full-length. Their "
+        f"training ran as recorded, with gradients scaled by the inverse factor.",
+    ]

@@ -5,9 +5,11 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import matplotlib.image
@@ -201,6 +203,50 @@ def test_a_report_mixing_commits_says_which_runs_came_from_which():
     records.append({"label": "random", "seed": 0, "commit": "aaa", "versions": {"torch": "2.14.0+cpu"}})
     assert source_lines(records)[-1] == "- commit aaa, torch 2.14.0+cpu: random (0)"
     assert source_lines([]) == ["", "Runs came from: no run has finished yet."]
+
+
+def test_losses_recorded_before_the_count_fix_are_corrected_once_and_reports_say_so(tmp_path):
+    """`bench/correct_loss_count.py` on a folder of records from a real history: records of a commit before the
+    fix are multiplied by L / (L - 1) (curve included), later records, Llama records and memory runs are left
+    alone, a second pass changes nothing, and the report's source lines name the correction."""
+    from bench.correct_loss_count import correct_folder
+    from bench.provenance import source_lines
+
+    repository = tmp_path / "repo"
+    git = lambda *arguments: subprocess.run(["git", "-C", str(repository), *arguments], capture_output=True, text=True, check=True).stdout.strip()  # noqa: E731
+    repository.mkdir()
+    git("init", "-q")
+    commits = []
+    for message in ("before the fix", "the fix"):
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", message)
+        commits.append(git("rev-parse", "HEAD"))
+    before, fixed = commits
+    folder = tmp_path / "results"
+    settings = {"fingerprint": json.dumps({"block_size": 64})}
+    folder.mkdir()
+    (folder / "settings.json").write_text(json.dumps(settings))
+    loss = {"test_loss": 6.3, "validation_loss": 6.0, "test_tokens": 640, "validation_curve": [{"step": 4, "validation_loss": 6.3, "test_loss": 6.6}]}
+    records = {
+        "old": {"commit": before, **loss},
+        "old_dirty": {"commit": before + "+dirty", **loss},
+        "new": {"commit": fixed, **loss},
+        "llama": {"commit": before, "model_type": "tied_llama", **loss},
+        "memory": {"commit": before, "peak_state_bytes": 1},
+    }
+    for name, record in records.items():
+        (folder / name).mkdir()
+        write_complete(folder / name / "result.json", record)
+
+    assert correct_folder(folder, fixed_in=fixed, repository=repository) == (2, 3)
+    assert correct_folder(folder, fixed_in=fixed, repository=repository) == (0, 5)
+    read = {name: json.loads((folder / name / "result.json").read_text()) for name in records}
+    for name in ("old", "old_dirty"):
+        assert read[name]["test_loss"] == pytest.approx(6.3 * 64 / 63) and read[name]["validation_loss"] == pytest.approx(6.0 * 64 / 63)
+        assert read[name]["validation_curve"] == [{"step": 4, "validation_loss": pytest.approx(6.4), "test_loss": pytest.approx(6.6 * 64 / 63)}]
+    for name in ("new", "llama", "memory"):
+        assert read[name] == records[name]
+    lines = source_lines([dict(record, label=name, seed=0, versions={}) for name, record in read.items()])
+    assert f"Losses of 2 of these 5 runs were measured before commit {fixed}" in lines[-1] and "64/63" in lines[-1]
 
 
 def test_a_report_names_the_machines_its_runs_recorded_and_counts_each_run_once():
@@ -524,3 +570,79 @@ def test_a_bad_learning_rate_grid_is_named(text):
 
     with pytest.raises(ValueError, match=r"--tune_learning_rates .*expected comma-separated learning rates in \(0, 1\)"):
         parse_learning_rates(text)
+
+
+# A scheduler (`run_jobs`, as every bench script uses it) of one job that writes its process id to its log and sleeps.
+SCHEDULER = """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, sys.argv[1])
+from bench.scheduling import Job, run_jobs
+
+sleeper = [sys.executable, "-c", "import os, sys, time; print(os.getpid(), flush=True); time.sleep(float(sys.argv[1]))", sys.argv[3]]
+jobs = [Job("sleeper", Path(sys.argv[2]), sleeper)]
+run_jobs(lambda: jobs.pop() if jobs else None, lambda job, code: print(job.failure(code) if code else "trained"), 1)
+"""
+
+
+def _scheduler(run_dir: Path, seconds: float) -> list[str]:
+    return [sys.executable, "-c", SCHEDULER, str(REPO_ROOT), str(run_dir), str(seconds)]
+
+
+def _started_job(run_dir: Path) -> int:
+    """The process id the scheduler's job wrote to its log, once it has."""
+    log = run_dir / "log.txt"
+    deadline = time.monotonic() + 30
+    while not (log.is_file() and log.read_text().strip()):
+        assert time.monotonic() < deadline, f"the job never started: {log}"
+        time.sleep(0.05)
+    return int(log.read_text())
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs; a zombie (ended, not yet reaped by whatever adopted it) does not."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _end(process: subprocess.Popen, job: int) -> None:
+    """Leave nothing running, whatever the test found."""
+    process.kill()
+    process.wait()
+    if _alive(job):
+        os.kill(job, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+def test_a_scheduler_killed_by_sigkill_takes_its_runs_with_it(tmp_path):
+    """`kill -9` of a bench script runs none of its clean-up; its runs must not train on unseen."""
+    scheduler = subprocess.Popen(_scheduler(tmp_path / "run", 60), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    job = _started_job(tmp_path / "run")
+    try:
+        scheduler.kill()
+        scheduler.wait()
+        deadline = time.monotonic() + 5
+        while _alive(job) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(job), f"process {job} of the killed scheduler still runs"
+    finally:
+        _end(scheduler, job)
+
+
+def test_a_second_scheduler_leaves_a_folder_another_process_is_training_alone(tmp_path):
+    """An immediate re-run (or a second study on the same results) skips the folders still training, by name, and
+    leaves their log alone."""
+    run_dir = tmp_path / "run"
+    first = subprocess.Popen(_scheduler(run_dir, 60), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    job = _started_job(run_dir)
+    try:
+        second = subprocess.run(_scheduler(run_dir, 0), capture_output=True, text=True, timeout=60)
+        assert second.returncode == 0, second.stderr
+        assert second.stdout == f"sleeper: not run, another process is training {run_dir} (it holds {run_dir / '.lock'})\n"
+        assert (run_dir / "log.txt").read_text() == f"{job}\n"
+    finally:
+        _end(first, job)
