@@ -10,6 +10,13 @@ reports name. What it does not change, and cannot: the runs were trained with gr
 AdamW's update does not depend on the gradient's scale (but for its epsilon, 1e-8), nor does clipping once it
 clips; a run repeated at the fixed commit differs only where clipping at 1.0 sits between the two scales.
 
+The DLT reward saw the same factor. The default agent's value is a least-squares fit, linear in its targets, so it
+chooses the same actions from rewards scaled by a constant (with `reward_block_cost` 0, the study's); the paper
+agent's clipped -perplexity is -10 either way while the loss is above ln 10, as in every run here. Only the paper
+agent learning from -loss (a control) trains a network by gradient steps, which a scale can change: on the synthetic
+problem (`hf_layertie.dlt.synthetic`, 12 blocks, 1,000 decisions) its actions first differed after 153 to 538
+decisions across 5 seeds, where the other two agents' were identical throughout.
+
 Left alone: records from commits that already count correctly, Llama-family runs (their class names name their
 loss, so they were always exact), and the k-hop tasks, whose rows start with ignored labels (nothing was counted
 twice). The count bigram, computed by hand, was always exact.

@@ -24,7 +24,7 @@ from transformers import EarlyStoppingCallback, PreTrainedTokenizerBase, Trainer
 
 from hf_layertie.data.embedded import SHAKESPEARE_DIR
 from hf_layertie.decisions import DECISIONS
-from hf_layertie.language_modeling.multihop import check_hop_task_fits, evaluate_multihop, load_hop_task
+from hf_layertie.language_modeling.multihop import evaluate_multihop, hop_task_tokenizer, load_hop_task
 from hf_layertie.toolkit.baselines import bigram_loss
 from hf_layertie.toolkit.data import take_first, tokenize_and_group
 from hf_layertie.toolkit.models import load_model, load_tokenizer
@@ -152,9 +152,7 @@ def settings_data(settings: BenchSettings) -> tuple[PreTrainedTokenizerBase, dat
 def task_data(task: str, context: int) -> tuple[PreTrainedTokenizerBase, datasets.DatasetDict]:
     """A generated task's tokenizer and splits from `<name>:<config>` (`--task`), checked to fit `context`."""
     name, _, config = task.partition(":")
-    splits, tokenizer = load_hop_task(name, config, seed=0)
-    check_hop_task_fits(name, splits, context, config)
-    return tokenizer, splits
+    return hop_task_tokenizer(name, config), load_hop_task(name, config, context, seed=0)
 
 
 def count_bigram_test_loss(settings: BenchSettings) -> float | None:

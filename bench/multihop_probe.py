@@ -28,6 +28,9 @@ from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, resolve_tying_map  
 
 from hf_layertie.language_modeling.multihop import HOP_TASKS, evaluate_multihop  # noqa: E402
 
+# The probe's split sizes unless --task sets them.
+PROBE_SIZES = {"train_examples": 50000, "eval_examples": 500}
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -45,7 +48,9 @@ def main() -> None:
     torch.set_num_threads(1)
 
     config_class, make_datasets, make_tokenizer = HOP_TASKS[args.task_name]
-    config = config_class.from_string(f"train_examples=50000,eval_examples=500,{args.task}")
+    given = {item.partition("=")[0].strip() for item in args.task.split(",")}
+    sizes = [f"{key}={value}" for key, value in PROBE_SIZES.items() if key not in given]  # --task's own win
+    config = config_class.from_string(",".join(sizes + [args.task]))
     splits = make_datasets(config, seed=0)
     train = splits["train"].with_format("torch", columns=["input_ids", "attention_mask", "labels"])
     torch.manual_seed(args.seed)

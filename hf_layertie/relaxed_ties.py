@@ -43,6 +43,44 @@ def check_lora_settings(lora_rank, lora_init) -> None:
     check_choice("lora_init", lora_init, LORA_INITS)
 
 
+def check_lora_rank(model: TiedBlocksMixin, lora_rank: int, num_distinct: int) -> None:
+    """Refuse a rank at which relaxed ties cannot compress `model` once `num_distinct` of its blocks own weights.
+
+    Two limits, both named: a rank at or above an adapted layer's smaller dimension lets each position replace the
+    shared weight outright (the update `B @ A` has at most that rank, and with the SVD init the rows and columns
+    beyond it stay zero and get no gradient), and a rank at which the relaxed blocks (the shared weights plus each
+    position's LoRA) hold more parameters than the untied blocks gives up the saving relaxed ties are for. Measured
+    on the blocks without adapters, so that a model resumed with its adapters in place gets the same answer.
+    """
+    block = model.tied_blocks[0]
+    layers = _base_linear_layers(block)
+    shapes = {name: layer.weight.shape for name, layer in layers.items()}
+    smallest_name = min(shapes, key=lambda name: min(shapes[name]))
+    smallest = min(shapes[smallest_name])
+    positions = len(model.tied_blocks)
+    adapter_parameters = {
+        id(parameter)
+        for layer in block.modules()
+        if _is_adapter_layer(layer)
+        for name, parameter in layer.named_parameters()
+        if not name.startswith("base_layer.")
+    }
+    block_parameters = sum(parameter.numel() for parameter in block.parameters() if id(parameter) not in adapter_parameters)
+    per_rank = positions * sum(sum(shape) for shape in shapes.values())  # LoRA parameters of rank 1, all positions
+    by_size = (positions - num_distinct) * block_parameters // per_rank
+    if lora_rank < smallest and lora_rank <= by_size:
+        return
+    relaxed, untied = num_distinct * block_parameters + lora_rank * per_rank, positions * block_parameters
+    largest = min(smallest - 1, by_size)
+    advice = f"pass lora_rank={largest} or less" if largest >= 1 else "no rank fits: tie more blocks"
+    raise ValueError(
+        f"lora_rank={lora_rank} does not compress this model: ranks must stay below {smallest}, the smaller "
+        f"dimension of its adapted layer {smallest_name} (the update has at most that rank), and at or below {by_size}, "
+        f"above which the relaxed blocks ({num_distinct} of {positions} owning weights, plus a LoRA per position) "
+        f"outgrow the untied ones (at this rank {relaxed:,} parameters against {untied:,}); {advice}"
+    )
+
+
 def relax_ties(
     model: TiedBlocksMixin,
     lora_rank: int,
@@ -90,11 +128,22 @@ def _block_linear_modules(model: TiedBlocksMixin) -> dict[str, nn.Module]:
     """The linear layers (`nn.Linear`, GPT-2's `Conv1D`) inside the tied blocks, by full name: the adapted layers.
     Named one by one because PEFT's `"all-linear"` also takes heads outside the blocks (BERT's pooler)."""
     prefix = model.tied_blocks_path
-    return {
-        f"{prefix}.{name}": module
-        for name, module in model.tied_blocks.named_modules()
-        if type(module).__name__ in ("Linear", "Conv1D")
-    }
+    return {f"{prefix}.{name}": module for name, module in model.tied_blocks.named_modules() if _is_linear(module)}
+
+
+def _base_linear_layers(block: nn.Module) -> dict[str, nn.Module]:
+    """`block`'s linear layers as they are without adapters: a layer PEFT wraps counts as its base layer."""
+    wrapped = [name for name, module in block.named_modules() if _is_adapter_layer(module)]
+    layers = {name: block.get_submodule(name).base_layer for name in wrapped}
+    for name, module in block.named_modules():
+        if _is_linear(module) and name not in wrapped and not any(name.startswith(f"{outer}.") for outer in wrapped):
+            layers[name] = module
+    return layers
+
+
+def _is_linear(module: nn.Module) -> bool:
+    """`nn.Linear` or GPT-2's `Conv1D` (which stores its weight as (in, out))."""
+    return type(module).__name__ in ("Linear", "Conv1D")
 
 
 @torch.no_grad()

@@ -11,15 +11,19 @@ Two facts decide the design (measured on torch 2.13, see the README's "Sharding 
   weights it continues (a fresh copy takes its source's, as `sync_optimizer_with_model` does on one process),
   shard it again and load the state into the same optimizer object (so a learning-rate scheduler keeps working).
 
-Every process must call these functions at the same step with the same map: they are collective.
+Every process must call these functions at the same step with the same map: they are collective. `retie_sharded`
+compares the map and the optimizer across processes before anything else, and raises on every process where they
+disagree or do not fit, rather than leaving some processes blocked in a collective the others never enter.
 """
 
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -49,12 +53,19 @@ def shard_tied_model(model: TiedBlocksMixin, mesh=None, **fully_shard_kwargs) ->
     if isinstance(model, FSDPModule):
         raise ValueError(f"this {type(model).__name__} is sharded already; re-tie it with retie_sharded(model, optimizer, new_map)")
     unsharded_class = type(model)
+    # `fully_shard` replaces every Parameter; remembered to recognize an optimizer built before sharding.
+    replaced = {id(parameter): weakref.ref(parameter) for parameter in model.parameters()}
     blocks = model.tied_blocks
     for group in model.tying_map.groups().values():
         fully_shard([blocks[index] for index in group], mesh=mesh, **fully_shard_kwargs)
     fully_shard(model, mesh=mesh, **fully_shard_kwargs)
     # Kept on the module for `retie_sharded`, which builds the model again and shards it the same way.
-    model._hf_layertie_sharding = {"class": unsharded_class, "mesh": mesh, "kwargs": dict(fully_shard_kwargs)}
+    model._hf_layertie_sharding = {
+        "class": unsharded_class,
+        "mesh": mesh,
+        "kwargs": dict(fully_shard_kwargs),
+        "replaced": replaced,
+    }
     return model
 
 
@@ -68,8 +79,13 @@ def retie_sharded(
     do on one process: a Parameter that moved to another block keeps its state, a fresh copy of an untied block
     starts from its source's state and joins its source's group, state of Parameters that disappeared is dropped.
     Collective: every process calls it at the same step with the same map.
+
+    Raises:
+        ValueError: on every process, before any state is touched, when the processes asked for different maps
+            (naming each), the map is invalid, or `optimizer` does not hold exactly `model`'s Parameters.
     """
     sharding = _sharding_of(model, "retie_sharded")
+    new_map = _agreed_map(model, optimizer, new_map, sharding)
     weights = get_model_state_dict(model, options=_FULL)
     optimizer_state = get_optimizer_state_dict(model, optimizer, options=_FULL) if optimizer is not None else None
 
@@ -100,6 +116,75 @@ def _sharding_of(model, function: str) -> dict:
     if sharding is None:
         raise ValueError(f"{function} needs a model sharded by hf_layertie.shard_tied_model, got an unsharded {type(model).__name__}")
     return sharding
+
+
+def _agreed_map(model, optimizer, new_map, sharding: dict) -> TyingMap:
+    """`new_map`, once every process has shown it asked for the same valid map with a fitting optimizer.
+
+    The collectives that follow depend on both: a process that raised alone would leave the others blocked, and
+    processes that asked for different maps could each go on with their own. So each process's request is gathered
+    first, and every process raises the same error.
+    """
+    local = {
+        "asked": repr(new_map),
+        "map": _requested_entries(new_map, len(model.tied_blocks)),
+        "optimizer": _optimizer_mismatch(model, optimizer, sharding),
+    }
+    requests = _gathered(local, sharding["mesh"])
+    if len({str(request["map"]) for request in requests.values()}) > 1:
+        asked = ", ".join(f"rank {rank} asked for {request['asked']}" for rank, request in requests.items())
+        raise ValueError(
+            f"retie_sharded got different maps on different processes ({asked}): pass every process the same new_map"
+        )
+    entries = local["map"]
+    if isinstance(entries, str):
+        raise ValueError(entries)
+    for rank, request in requests.items():
+        if request["optimizer"] is not None:
+            raise ValueError(f"retie_sharded's optimizer on rank {rank} {request['optimizer']}")
+    return TyingMap(entries)
+
+
+def _requested_entries(new_map, num_blocks: int) -> list[int] | str:
+    """`new_map`'s canonical entries, or why it is not a map for this model (gathered, so not raised here)."""
+    try:
+        return TyingMap(new_map, num_blocks=num_blocks).to_list()
+    except ValueError as error:
+        return str(error)
+
+
+def _optimizer_mismatch(model, optimizer, sharding: dict) -> str | None:
+    """What is wrong with `optimizer`, or None: its state is carried over per Parameter of `model`, so it must hold
+    exactly those, and FSDP2 replaced the Parameters an optimizer built before sharding holds (its steps change
+    nothing)."""
+    if optimizer is None:
+        return None
+    held = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+    replaced = sharding["replaced"]
+    if any(id(parameter) in replaced and replaced[id(parameter)]() is parameter for parameter in held):
+        return (
+            "was built before shard_tied_model, over Parameters that sharding replaced (its steps change nothing): "
+            "build it after shard_tied_model, over model.parameters()"
+        )
+    own = {id(parameter) for parameter in model.parameters()}
+    foreign = sum(id(parameter) not in own for parameter in held)
+    if foreign or len(held) != len(own):
+        return (
+            f"holds {len(held) - foreign} of the model's {len(own)} Parameters and {foreign} of another model: "
+            f"pass an optimizer built over model.parameters() after shard_tied_model"
+        )
+    return None
+
+
+def _gathered(local: dict, mesh) -> dict[int, dict]:
+    """`local` from every process sharing the model, by global rank: gathered along each dimension of `mesh` in turn
+    (the world when None), each step passing on all that was gathered before, so every process receives them all."""
+    known = {dist.get_rank(): local}
+    for group in [None] if mesh is None else [mesh.get_group(dim) for dim in range(mesh.ndim)]:
+        received = [None] * dist.get_world_size(group)
+        dist.all_gather_object(received, known, group=group)
+        known = {rank: request for part in received for rank, request in part.items()}
+    return dict(sorted(known.items()))
 
 
 def _unsharded_replica(model, unsharded_class: type, weights: dict) -> TiedBlocksMixin:

@@ -14,7 +14,7 @@ from test_tying_trainer import OptimizerMatchesModel, make_trainer, tiny_model, 
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_layertie.language_modeling import CAUSAL_LM, run
-from hf_layertie.relaxed_ties import relax_ties
+from hf_layertie.relaxed_ties import check_lora_rank, relax_ties
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "config.json", "model.safetensors")
 
@@ -63,6 +63,24 @@ def test_full_rank_relaxation_restores_the_trained_model_and_the_folder_and_expo
     stock = load_cleanly(kind.plain_class, tmp_path / "export")
     torch.testing.assert_close(logits(stock), relaxed, rtol=1e-5, atol=1e-6)
     assert torch.equal(logits(model), relaxed)  # the export merged a copy; the model keeps its adapters
+
+
+def test_the_rank_limits_are_the_same_for_a_model_that_carries_its_adapters_already():
+    """A run resumed with adapters in place is checked as the model without them: the adapters' own layers are not
+    adapted layers, nor are their parameters the blocks'."""
+    model = GPT2.tied_model([0, 0, 2, 2], n_embd=32)
+
+    def refusal(rank):
+        with pytest.raises(ValueError) as error:
+            check_lora_rank(model, rank, num_distinct=2)
+        return str(error.value)
+
+    refused = refusal(13)
+    assert refused.endswith("pass lora_rank=12 or less")
+    check_lora_rank(model, 12, num_distinct=2)
+    relax_ties(model, 8, "zero")
+    check_lora_rank(model, 12, num_distinct=2)
+    assert refusal(13) == refused
 
 
 def test_each_position_starts_from_the_best_rank_r_approximation_of_what_the_tie_took():

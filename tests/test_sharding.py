@@ -1,6 +1,7 @@
 """Tied models under FSDP2 on two gloo processes (CPU, torchrun), against one process training on both batches."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,14 +18,27 @@ LOSS_TOLERANCE = 1e-5
 WEIGHT_TOLERANCE = 1e-5
 
 
+def run_on_two_ranks(script: str, output_dir: Path, timeout: float) -> list[dict]:
+    """Run tests/scripts/`script` under torchrun on 2 gloo processes and load what each rank saved. A run past
+    `timeout` (blocked ranks) fails the test; SIGTERM makes torchrun end its workers, which run in sessions of their
+    own that killing torchrun alone would leave behind."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(REPO / "tests" / "scripts" / script), str(output_dir)]  # fmt: skip
+    with subprocess.Popen(command, cwd=output_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:  # fmt: skip
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            stdout, stderr = process.communicate(timeout=60)
+            pytest.fail(f"{script} still ran after {timeout} s: {stdout[-3000:]}{stderr[-3000:]}")
+    assert process.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    return [torch.load(output_dir / f"rank{rank}.pt") for rank in (0, 1)]
+
+
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("fsdp")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(REPO / "tests" / "scripts" / "fsdp_tying_run.py"), str(output_dir)]  # fmt: skip
-    completed = subprocess.run(command, cwd=output_dir, env=env, capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    return output_dir, [torch.load(output_dir / f"rank{rank}.pt") for rank in (0, 1)]
+    return output_dir, run_on_two_ranks("fsdp_tying_run.py", output_dir, timeout=600)
 
 
 def assert_matches_one_process(measured):
@@ -64,6 +78,33 @@ def test_a_gathered_sharded_model_saves_a_checkpoint_that_loads_with_the_same_lo
     assert loaded.tying_map.to_list() == [0, 1, 2, 3]
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=rank0["ids"]).logits, rank0["logits"], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_misuses_of_a_sharded_model_raise_on_every_rank_and_leave_it_usable(tmp_path):
+    ranks = run_on_two_ranks("fsdp_refusals_run.py", tmp_path, timeout=120)
+    assert ranks[0]["save_on_rank_0"] == (
+        "RuntimeError: this FSDPTiedGPT2LMHeadModel is sharded with FSDP2, whose weights save_pretrained cannot write: "
+        "save the unsharded copy that hf_layertie.gather_tied_model(model) returns on every process, from one"
+    )
+    assert not (tmp_path / "saved_on_rank_0").exists() and not (tmp_path / "saved_on_every_rank").exists()
+    for results in ranks:
+        assert results["save_on_every_rank"] == ranks[0]["save_on_rank_0"]
+        assert results["different_maps"] == (
+            "ValueError: retie_sharded got different maps on different processes (rank 0 asked for [0, 0, 2, 2], "
+            "rank 1 asked for [0, 1, 2, 3]): pass every process the same new_map"
+        )
+        assert "rank 0 asked for [0, 1, 2, 3], rank 1 asked for [0, 0, 5, 0]" in results["invalid_map_on_rank_1"]
+        assert results["optimizer_built_before_sharding"] == (
+            "ValueError: retie_sharded's optimizer on rank 0 was built before shard_tied_model, over Parameters that "
+            "sharding replaced (its steps change nothing): build it after shard_tied_model, over model.parameters()"
+        )
+        assert re.fullmatch(
+            r"ValueError: retie_sharded's optimizer on rank 0 holds 0 of the model's (\d+) Parameters and \1 of another "
+            r"model: pass an optimizer built over model.parameters\(\) after shard_tied_model",
+            results["optimizer_of_another_model"],
+        )
+        assert results["map_after"] == [0, 1, 2, 3]
 
 
 def test_sharding_an_unsharded_model_only(tmp_path):

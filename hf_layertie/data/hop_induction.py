@@ -24,7 +24,7 @@ import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from .multihop import IGNORE_INDEX
+from .multihop import IGNORE_INDEX, check_split_sizes, read_task_settings
 
 PAD, NO_ANSWER = "<pad>", "~"
 
@@ -57,18 +57,16 @@ class HopInductionConfig:
             raise ValueError(f"hop_induction num_letters must be at least 2 (no letter repeats at once), got {self.num_letters}")
         if self.min_hops > self.max_hops:
             raise ValueError(f"hop_induction min_hops ({self.min_hops}) must not exceed max_hops ({self.max_hops})")
+        check_split_sizes("hop_induction", self.train_examples, self.eval_examples, self.sequence_length)
 
     @classmethod
     def from_string(cls, text: str | None) -> HopInductionConfig:
         """`"length=64,max_hops=4"` (None or empty: the defaults); errors name the key."""
         if not text:
             return cls()
-        names = {field.name for field in dataclasses.fields(cls)}
+        names = sorted(field.name for field in dataclasses.fields(cls))
         values = {}
-        for item in text.split(","):
-            key, _, value = (part.strip() for part in item.partition("="))
-            if key not in names:
-                raise ValueError(f"hop_induction setting {key!r} is unknown; settings: {', '.join(sorted(names))}")
+        for key, value in read_task_settings("hop_induction", text, names).items():
             try:
                 values[key] = int(value)
             except ValueError:

@@ -37,6 +37,36 @@ from transformers import PreTrainedTokenizerFast
 
 SYMBOLS = ("<pad>", "=", ";", "?")
 IGNORE_INDEX = -100
+# The most tokens (examples x sequence length) one split of a generated task may hold. Each split is generated in
+# memory as Python lists, about 120 bytes a token over its columns (5.1M tokens, the default multihop train split,
+# took 0.6 GB and 12 s), so a split at the bound takes about 2.4 GB and a minute: a bound far above the tasks' use
+# (at most 13M tokens in bench/) and below what a small machine holds, so that a mistyped size is refused at once.
+MAX_SPLIT_TOKENS = 20_000_000
+
+
+def read_task_settings(task: str, text: str, names) -> dict[str, str]:
+    """`"key=value,key=value"` as `{key: value}`, every key one of `names` and given once (a repeated key would
+    silently keep its last value)."""
+    values = {}
+    for item in text.split(","):
+        key, _, value = (part.strip() for part in item.partition("="))
+        if key not in names:
+            raise ValueError(f"{task} setting {key!r} is unknown; settings: {', '.join(names)}")
+        if key in values:
+            raise ValueError(f"{task} setting {key!r} is given twice ({key}={values[key]}, {key}={value}): give it once")
+        values[key] = value
+    return values
+
+
+def check_split_sizes(task: str, train_examples: int, eval_examples: int, sequence_length: int) -> None:
+    """Refuse a split of more than `MAX_SPLIT_TOKENS` tokens, naming the setting and its largest value."""
+    for name, count in (("train_examples", train_examples), ("eval_examples", eval_examples)):
+        if count * sequence_length > MAX_SPLIT_TOKENS:
+            raise ValueError(
+                f"{task} {name}={count} makes a split of {count * sequence_length:,} tokens ({count} examples of "
+                f"{sequence_length}), above the {MAX_SPLIT_TOKENS:,} a split is generated in memory with: pass "
+                f"{name}={MAX_SPLIT_TOKENS // sequence_length} or less"
+            )
 
 
 @dataclass(frozen=True)
@@ -90,6 +120,7 @@ class MultiHopConfig:
         for field, choices in (("order", ("shuffled", "in_order")), ("tokens", ("words", "pairs")), ("queries", ("last", "any"))):
             if getattr(self, field) not in choices:
                 raise ValueError(f"multihop {field} must be {' or '.join(map(repr, choices))}, got {getattr(self, field)!r}")
+        check_split_sizes("multihop", self.train_examples, self.eval_examples, self.sequence_length)
 
     @classmethod
     def from_string(cls, text: str | None) -> MultiHopConfig:
@@ -97,14 +128,8 @@ class MultiHopConfig:
         if not text:
             return cls()
         types = {field.name: field.type for field in dataclasses.fields(cls)}
-        values = {}
-        for item in text.split(","):
-            key, _, value = item.partition("=")
-            key = key.strip()
-            if key not in types:
-                raise ValueError(f"multihop setting {key!r} is unknown; settings: {', '.join(types)}")
-            values[key] = value.strip() if types[key] == "str" else _integer(key, value)
-        return cls(**values)
+        values = read_task_settings("multihop", text, list(types))
+        return cls(**{key: value if types[key] == "str" else _integer(key, value) for key, value in values.items()})
 
     @property
     def sequence_length(self) -> int:

@@ -60,6 +60,11 @@ class StaticDecisions(_OneDecision):
         except ValueError as error:
             raise ValueError(f"tying_strategy={args.tying_strategy!r} does not fit the model: {error}") from None
 
+    @property
+    def num_distinct(self) -> int:
+        """Blocks owning weights under the map (`similarity:U` has U)."""
+        return self.tying_map.num_distinct
+
     def start(self, run: TrainingRun) -> None:
         self._apply(run, self.tying_map)
 

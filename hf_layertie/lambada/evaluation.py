@@ -89,8 +89,9 @@ def _encode_passage(
         context, target = split_context_target(passage)
     except ValueError as error:
         raise ValueError(f"passages[{index}]: {error}") from None
-    token_ids = tokenizer(context + target, add_special_tokens=False)["input_ids"]
-    num_target_tokens = len(token_ids) - len(tokenizer(context, add_special_tokens=False)["input_ids"])
+    # Whole passages, cut to the model's context below: the tokenizer's warning about longer ones does not apply.
+    token_ids = tokenizer(context + target, add_special_tokens=False, verbose=False)["input_ids"]
+    num_target_tokens = len(token_ids) - len(tokenizer(context, add_special_tokens=False, verbose=False)["input_ids"])
     if num_target_tokens < 1:
         raise ValueError(f"passages[{index}]: target word {target!r} tokenises into no token of its own")
     if max_length is not None:

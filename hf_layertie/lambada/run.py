@@ -19,6 +19,7 @@ from ..data import LAMBADA_TEST_FILE
 from ..toolkit import (
     ModelArguments,
     checkpoint_to_resume,
+    fit_tokenizer_to_model,
     load_model,
     load_tokenizer,
     parse_command_line,
@@ -122,6 +123,7 @@ def _fine_tune(model, tokenizer, passages, lambada_args, training_args, card) ->
         tokenizer.pad_token = tokenizer.eos_token
     block_size = resolve_block_size(lambada_args.block_size, model.config.max_position_embeddings)
     train_dataset, reward_dataset = lambada_causal_lm_dataset(passages, tokenizer, block_size), None
+    fit_tokenizer_to_model(tokenizer, model)
     if training_args.reward_source == "held_out":
         train_dataset, reward_dataset = split_reward_examples(train_dataset, training_args.reward_batch_size)
     trainer = TyingTrainer(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .multihop import HOP_TASKS, check_hop_task_arguments
+
 
 @dataclass
 class DataTrainingArguments:
@@ -19,7 +21,9 @@ class DataTrainingArguments:
         default=None, metadata={"help": "e.g. 'wikitext-2-raw-v1'; for multihop / hop_induction their sizes, e.g. 'num_chains=6,max_hops=4' / 'length=64,max_hops=4'."}
     )
     train_file: str | None = field(default=None, metadata={"help": "Training data: a .txt, .json/.jsonl or .csv file."})
-    validation_file: str | None = field(default=None, metadata={"help": "Evaluation data, same formats."})
+    validation_file: str | None = field(
+        default=None, metadata={"help": "Evaluation data, same formats; without training data, evaluated alone (--do_eval)."}
+    )
     text_column_name: str | None = field(
         default=None, metadata={"help": "Column holding the text (default: 'text', else the first column, said in the log)."}
     )
@@ -40,8 +44,8 @@ class DataTrainingArguments:
     )
 
     def __post_init__(self):
-        if self.validation_file is not None and self.train_file is None and self.dataset_name is None:
-            raise ValueError("--validation_file needs --train_file (or --dataset_name)")
+        if self.dataset_name in HOP_TASKS:
+            check_hop_task_arguments(self)
         for name in ("block_size", "max_train_samples", "max_eval_samples", "preprocessing_num_workers"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -5,6 +5,8 @@ position (`hf_layertie.data.hop_induction`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import datasets
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -13,6 +15,9 @@ from ..data.hop_induction import HopInductionConfig, hop_induction_datasets, hop
 from ..data.multihop import IGNORE_INDEX, MultiHopConfig, multihop_datasets, multihop_tokenizer
 from ..metrics import load_metric
 
+if TYPE_CHECKING:
+    from .arguments import DataTrainingArguments
+
 MULTIHOP = "multihop"
 # Every generated task by `--dataset_name`: its config class (`from_string` reads `--dataset_config_name`), its
 # splits and its tokenizer. Each writes `multihop`'s columns, so one evaluation serves them all.
@@ -20,25 +25,50 @@ HOP_TASKS = {
     MULTIHOP: (MultiHopConfig, multihop_datasets, multihop_tokenizer),
     "hop_induction": (HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer),
 }
+# Data arguments of text that a generated task has no use for: its examples, and their length, come from
+# `--dataset_config_name`.
+TEXT_ONLY_ARGUMENTS = ("train_file", "validation_file", "block_size", "text_column_name", "preprocessing_num_workers")
+_EXAMPLE_SETTINGS = {MULTIHOP: "num_chains=4,max_hops=6", "hop_induction": "length=64,max_hops=4"}
 
 
-def load_hop_task(name: str, config_text: str | None, seed: int) -> tuple[datasets.DatasetDict, PreTrainedTokenizerBase]:
-    """The task's splits and tokenizer from `--dataset_config_name` (`"num_chains=4,max_hops=6"`)."""
-    config_class, make_datasets, make_tokenizer = HOP_TASKS[name]
+def check_hop_task_arguments(data_args: DataTrainingArguments) -> None:
+    """Refuse the text-only data arguments (they would be ignored) and read the task's settings, so that both are
+    reported before anything loads."""
+    name = data_args.dataset_name
+    given = [f"--{argument}" for argument in TEXT_ONLY_ARGUMENTS if getattr(data_args, argument) is not None]
+    if given:
+        raise ValueError(
+            f"--dataset_name {name} generates its examples, and their length, from --dataset_config_name: it reads no "
+            f"{', '.join(given)}. Leave {'it' if len(given) == 1 else 'them'} unset (sizes go in --dataset_config_name, "
+            f"e.g. '{_EXAMPLE_SETTINGS[name]}')"
+        )
+    hop_task_config(name, data_args.dataset_config_name)
+
+
+def hop_task_config(name: str, config_text: str | None) -> MultiHopConfig | HopInductionConfig:
+    """The task's settings from `--dataset_config_name` (`"num_chains=4,max_hops=6"`; nothing is generated)."""
     try:
-        config = config_class.from_string(config_text)
+        return HOP_TASKS[name][0].from_string(config_text)
     except ValueError as error:
         raise ValueError(f"--dataset_config_name {config_text!r}: {error}") from None
-    return make_datasets(config, seed=seed), make_tokenizer(config)
 
 
-def check_hop_task_fits(name: str, splits: datasets.DatasetDict, context: int, config_text: str | None) -> None:
-    length = len(splits["train"][0]["input_ids"])
-    if length > context:
+def hop_task_tokenizer(name: str, config_text: str | None) -> PreTrainedTokenizerBase:
+    """The task's tokenizer (its vocabulary follows the settings)."""
+    return HOP_TASKS[name][2](hop_task_config(name, config_text))
+
+
+def load_hop_task(name: str, config_text: str | None, context: int, seed: int) -> datasets.DatasetDict:
+    """The task's splits, generated once their examples' length is known to fit `context` positions (a model's):
+    the length follows from the settings, and generating takes minutes and gigabytes at large sizes."""
+    config = hop_task_config(name, config_text)
+    if config.sequence_length > context:
         raise ValueError(
-            f"--dataset_name {name} with {config_text or 'the default settings'} needs {length} positions; the model "
-            f"has {context} (from scratch, raise n_positions in --config_overrides)"
+            f"--dataset_name {name} with {config_text or 'the default settings'} needs {config.sequence_length} "
+            f"positions; the model has {context} (from scratch, raise n_positions / max_position_embeddings in "
+            f"--config_overrides, or shorten the examples in --dataset_config_name)"
         )
+    return HOP_TASKS[name][1](config, seed=seed)
 
 
 @torch.no_grad()

@@ -25,12 +25,14 @@ from transformers import (
     set_seed,
 )
 
-from ..trainer import TyingTrainer, TyingTrainingArguments
+from ..trainer import TyingTrainer, TyingTrainingArguments, check_resumes_saved_settings
+from ..trainer.checkpoint_format import read_tying_state
 from ..toolkit import (
     ModelArguments,
     bigram_loss,
     checkpoint_to_resume,
     finished_training_step,
+    fit_tokenizer_to_model,
     load_model,
     load_text_datasets,
     load_tokenizer,
@@ -48,7 +50,7 @@ from ..toolkit import (
     unigram_loss,
 )
 from .arguments import DataTrainingArguments
-from .multihop import HOP_TASKS, check_hop_task_fits, evaluate_multihop, load_hop_task, multihop_metrics, print_multihop_report
+from .multihop import HOP_TASKS, evaluate_multihop, hop_task_tokenizer, load_hop_task, multihop_metrics, print_multihop_report
 
 logger = logging.getLogger(__name__)
 
@@ -97,9 +99,15 @@ def parse_arguments(task: LanguageModelingTask, argv: list[str] | None = None) -
         default_file=task.default_arguments,
         description=task.description,
     )
-    training_args = arguments[2]
+    _, data_args, training_args = arguments
     if not (training_args.do_train or training_args.do_eval):
         raise ValueError("Nothing to do: pass --do_train, --do_eval or both (see --help)")
+    names_training_data = data_args.train_file is not None or data_args.dataset_name is not None
+    if training_args.do_train and data_args.validation_file is not None and not names_training_data:
+        raise ValueError(
+            "--validation_file needs --train_file (or --dataset_name) to train on: to evaluate the file alone, pass "
+            "--do_eval without --do_train"
+        )
     return arguments
 
 
@@ -121,6 +129,8 @@ def _train_and_evaluate(
     if finished is not None:
         missing = _missing_final_outputs(output_dir)
         if not missing:
+            # Its results are those of the settings it ran under: this command's must be the same.
+            check_resumes_saved_settings(training_args, output_dir, read_tying_state(output_dir))
             logger.warning(
                 f"Training in {output_dir} already finished at step {finished}: nothing is trained or changed. "
                 f"Pass a larger --max_steps to continue it, or a new --output_dir to train again."
@@ -133,20 +143,25 @@ def _train_and_evaluate(
     if hop_task:
         if task.masked:
             raise ValueError(f"--dataset_name {hop_task} is a causal language modeling task: train it with run_clm.py")
-        grouped, tokenizer = load_hop_task(hop_task, data_args.dataset_config_name, seed=training_args.data_seed or training_args.seed)
+        tokenizer = hop_task_tokenizer(hop_task, data_args.dataset_config_name)
         model = _load_model(task, model_args, tokenizer)
-        check_hop_task_fits(hop_task, grouped, model.config.max_position_embeddings, data_args.dataset_config_name)
+        seed = training_args.data_seed or training_args.seed
+        grouped = load_hop_task(hop_task, data_args.dataset_config_name, model.config.max_position_embeddings, seed)
     else:
         grouped, tokenizer, model = _text_data_and_model(task, model_args, data_args)
-    train_dataset, reward_dataset = grouped["train"], None
-    if training_args.reward_source == "held_out":
-        train_dataset, reward_dataset = split_reward_examples(train_dataset, training_args.reward_batch_size)
-    train_dataset = take_first(train_dataset, data_args.max_train_samples)
+    fit_tokenizer_to_model(tokenizer, model)
+    train_dataset = reward_dataset = None
+    if training_args.do_train:
+        train_dataset = grouped["train"]
+        if training_args.reward_source == "held_out":
+            train_dataset, reward_dataset = split_reward_examples(train_dataset, training_args.reward_batch_size)
+        train_dataset = take_first(train_dataset, data_args.max_train_samples)
     eval_dataset = take_first(grouped["validation"], data_args.max_eval_samples)
     trainer = TyingTrainer(
         model=model,
-        args=training_args,
-        train_dataset=train_dataset if training_args.do_train else None,
+        # Evaluation alone scores the model as it was saved: no strategy re-ties it.
+        args=training_args if training_args.do_train else training_args.without_tying(),
+        train_dataset=train_dataset,
         eval_dataset=eval_dataset if training_args.do_eval else None,
         reward_dataset=reward_dataset,
         processing_class=tokenizer,
@@ -232,7 +247,10 @@ def _collator(task: LanguageModelingTask, tokenizer, mlm_probability: float):
 
 
 def _baseline(task: LanguageModelingTask, tokenizer, grouped) -> dict[str, float]:
-    """The count baseline of the same tokenization on the same evaluation blocks (see `hf_layertie.toolkit.baselines`)."""
+    """The count baseline of the same tokenization on the same evaluation blocks (see `hf_layertie.toolkit.baselines`);
+    none without training text to count (a --validation_file evaluated alone)."""
+    if "train" not in grouped:
+        return {}
     train, validation = grouped["train"]["input_ids"], grouped["validation"]["input_ids"]
     if task.masked:
         return {"eval_unigram_loss": unigram_loss(train, validation, len(tokenizer), tokenizer.all_special_ids)}
@@ -243,9 +261,10 @@ def _print_report(task, metrics: dict, model, tokenizer, validation, max_new_tok
     """The held-out loss beside the count baseline, then a sample of what the model writes or fills in."""
     baseline_key = "eval_unigram_loss" if task.masked else "eval_bigram_loss"
     if "eval_loss" in metrics:
-        baseline = "count unigram" if task.masked else "count bigram"
         print(f"\n***** held-out loss, nats per token ({metrics['eval_samples']} evaluation blocks) *****")
         print(f"  this model            {metrics['eval_loss']:.3f}   (perplexity {metrics['perplexity']:,.1f})")
+    if baseline_key in metrics:
+        baseline = "count unigram" if task.masked else "count bigram"
         print(f"  {baseline:<20}  {metrics[baseline_key]:.3f}   (perplexity {math.exp(metrics[baseline_key]):,.1f})")
     if max_new_tokens > 0:
         sample = _fill_mask_sample(model, tokenizer, validation[0]["input_ids"]) if task.masked else _generated_sample(
@@ -298,6 +317,8 @@ def _data_source(data_args: DataTrainingArguments) -> str:
     if data_args.train_file is not None:
         files = [data_args.train_file] + ([data_args.validation_file] if data_args.validation_file else [])
         return f"--train_file/--validation_file {' / '.join(files)}"
+    if data_args.validation_file is not None:
+        return f"--validation_file {data_args.validation_file}"
     return "the embedded Shakespeare corpus"
 
 
@@ -309,8 +330,9 @@ def _saved_metrics(output_dir: str) -> dict[str, float]:
 def _dataset_label(data_args: DataTrainingArguments) -> str:
     if data_args.dataset_name is not None:
         return data_args.dataset_name
-    if data_args.train_file is not None:
-        return Path(data_args.train_file).name
+    data_file = data_args.train_file or data_args.validation_file
+    if data_file is not None:
+        return Path(data_file).name
     return "shakespeare"
 
 

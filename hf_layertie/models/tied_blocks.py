@@ -435,7 +435,14 @@ class TiedBlocksMixin:
         (`from_pretrained(huggingface_hub.snapshot_download(repo_id))`), or share `to_untied()`'s merged export.
         A model without adapters saved into a folder that held some removes their files, which would otherwise
         be loaded with it.
+        A model sharded with FSDP2 is refused before anything is written: transformers would write its config, then
+        fail on the sharded weights (or block in a collective when called from one process).
         """
+        if _is_fsdp_sharded(self):
+            raise RuntimeError(
+                f"this {type(self).__name__} is sharded with FSDP2, whose weights save_pretrained cannot write: save "
+                f"the unsharded copy that hf_layertie.gather_tied_model(model) returns on every process, from one"
+            )
         if not self._carries_integrated_adapters():
             if kwargs.get("is_main_process", True):
                 _remove_adapter_files(save_directory)

@@ -6,6 +6,7 @@ from .arguments import ModelArguments, parse_command_line
 from .baselines import bigram_loss, unigram_loss
 from .checkpoints import checkpoint_to_resume, finished_training_step, last_complete_checkpoint, missing_checkpoint_files
 from .data import (
+    fit_tokenizer_to_model,
     load_text_datasets,
     resolve_block_size,
     split_reward_examples,
@@ -24,6 +25,7 @@ __all__ = [
     "check_tied_model_type",
     "checkpoint_to_resume",
     "finished_training_step",
+    "fit_tokenizer_to_model",
     "last_complete_checkpoint",
     "load_model",
     "load_text_datasets",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import dataclass, field
@@ -10,7 +11,8 @@ from pathlib import Path
 from transformers import HfArgumentParser
 
 from ..models import TIED_MODELS
-from .models import check_tied_model_type
+from ..trainer.training_args import TyingTrainingArguments
+from .models import check_model_source, check_tied_model_type
 
 # Flags that name the user's own data or model: with any of them, the embedded default does not apply.
 OWN_DATA_OR_MODEL_FLAGS = (
@@ -65,6 +67,9 @@ class ModelArguments:
             raise ValueError("--config_overrides only applies when training from scratch, not with --model_name_or_path")
         if self.model_type is not None:
             check_tied_model_type(self.model_type)
+        for flag in ("model_name_or_path", "tokenizer_name"):
+            if getattr(self, flag) is not None:
+                check_model_source(f"--{flag}", getattr(self, flag))
 
     @property
     def hub_options(self) -> dict:
@@ -78,7 +83,9 @@ def parse_command_line(
 
     With `default_file` (the embedded default run) and no flag naming the user's own data or model
     (`OWN_DATA_OR_MODEL_FLAGS`), the default's values apply and every flag given overrides them;
-    `--config_overrides` is applied after the default's own overrides.
+    `--config_overrides` is applied after the default's own overrides. The default's tying settings that the
+    chosen strategy does not read drop out (`--tying_strategy static:all` on a default that sets the `dlt`
+    interval): the user did not set them, while one the user sets is refused by `TyingTrainingArguments`.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = HfArgumentParser(dataclass_types, description=description)
@@ -90,8 +97,23 @@ def parse_command_line(
         defaults = json.loads(Path(default_file).read_text())
         print(f"No data or model arguments: the embedded default ({default_file}) with the flags given on top", file=sys.stderr)
         parser.set_defaults(**defaults)
+        parser.set_defaults(**dict.fromkeys(_unread_default_settings(parser, argv, defaults)))
         argv = _after_default_overrides(argv, defaults.get("config_overrides"))
     return parser.parse_args_into_dataclasses(args=argv)
+
+
+def _unread_default_settings(parser: HfArgumentParser, argv: list[str], defaults: dict) -> list[str]:
+    """The tying settings of `defaults` that `argv` does not set and its tying strategy does not read.
+
+    argparse only fills the defaults of the names a namespace lacks, so a namespace holding a marker for every
+    name of `defaults` tells the values given in `argv` (under any spelling of the flag) from the default's.
+    """
+    marker = object()
+    given, _ = parser.parse_known_args(argv, namespace=argparse.Namespace(**dict.fromkeys(defaults, marker)))
+    strategy = getattr(given, "tying_strategy", marker)
+    strategy = defaults.get("tying_strategy") if strategy is marker else strategy
+    unread = TyingTrainingArguments.settings_unread_by(strategy)
+    return [name for name in unread if name in defaults and getattr(given, name) is marker]
 
 
 def _names_flag(argument: str, flag: str) -> bool:

@@ -13,7 +13,7 @@ from itertools import chain
 
 import datasets
 from accelerate import PartialState
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..data import load_embedded_corpus
 
@@ -33,29 +33,32 @@ def load_text_datasets(
 ) -> datasets.DatasetDict:
     """`train` and `validation` splits from a `datasets` name, from files, or (neither given) the shipped
     Shakespeare corpus, split by play. A source without a validation split gives up its last
-    `validation_split_percentage`% of rows."""
+    `validation_split_percentage`% of rows; a `validation_file` alone gives the `validation` split alone (to
+    evaluate on)."""
     if dataset_name is not None:
         raw = datasets.load_dataset(dataset_name, dataset_config_name, cache_dir=cache_dir)
         source = f"--dataset_name {dataset_name}"
-    elif train_file is not None:
+    elif train_file is not None or validation_file is not None:
         raw = _load_files(train_file, validation_file, keep_linebreaks, cache_dir)
-        source = f"--train_file {train_file}"
+        source = f"--train_file {train_file}" if train_file is not None else f"--validation_file {validation_file}"
     else:
         logger.info("No dataset or files given: using the Shakespeare corpus shipped with hf-layertie")
         raw = load_embedded_corpus()
         source = "the embedded Shakespeare corpus"
     if "validation" not in raw:
         raw = _split_validation(raw["train"], validation_split_percentage)
-    for split in ("train", "validation"):
+    splits = [split for split in ("train", "validation") if split in raw]
+    for split in splits:
         if len(raw[split]) == 0:
             raise ValueError(f"The {split} split of {source} has no rows")
-    return datasets.DatasetDict({"train": raw["train"], "validation": raw["validation"]})
+    return datasets.DatasetDict({split: raw[split] for split in splits})
 
 
-def _load_files(train_file: str, validation_file: str | None, keep_linebreaks: bool, cache_dir) -> datasets.DatasetDict:
-    files = {"train": _check_data_file(train_file, "--train_file")}
-    if validation_file is not None:
-        files["validation"] = _check_data_file(validation_file, "--validation_file")
+def _load_files(
+    train_file: str | None, validation_file: str | None, keep_linebreaks: bool, cache_dir
+) -> datasets.DatasetDict:
+    named = {"train": (train_file, "--train_file"), "validation": (validation_file, "--validation_file")}
+    files = {split: _check_data_file(path, flag) for split, (path, flag) in named.items() if path is not None}
     builders = {BUILDER_BY_EXTENSION[os.path.splitext(path)[1].lower()] for path in files.values()}
     if len(builders) > 1:
         raise ValueError(f"--train_file and --validation_file must have the same format, got {sorted(files.values())}")
@@ -94,7 +97,7 @@ def _split_validation(train: datasets.Dataset, percentage: int) -> datasets.Data
 
 def text_column(raw: datasets.DatasetDict, requested: str | None) -> str:
     """The column that holds the text: `requested`, else `text`, else the first column (said in the log)."""
-    columns = raw["train"].column_names
+    columns = next(iter(raw.values())).column_names
     if requested is not None:
         if requested not in columns:
             raise ValueError(f"--text_column_name {requested!r} is not a column of the data; its columns are {columns}")
@@ -112,6 +115,14 @@ def resolve_block_size(requested: int | None, context: int) -> int:
     if requested > context:
         raise ValueError(f"--block_size {requested} is larger than the model's context of {context} positions")
     return requested
+
+
+def fit_tokenizer_to_model(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> None:
+    """Set the tokenizer's `model_max_length` to the model's context (`max_position_embeddings`): the tokenizer is
+    saved beside the model, and evaluators truncate inputs to it (a shipped tokenizer says 1024 or 512, whatever the
+    model's positions). Call it once the training data is tokenized: rows cut into blocks may be longer, and the
+    tokenizer would warn about them."""
+    tokenizer.model_max_length = model.config.max_position_embeddings
 
 
 def tokenize_and_group(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -56,20 +57,42 @@ def load_tokenizer(
     return tokenizer
 
 
+def check_model_source(flag: str, name_or_path: str) -> None:
+    """Refuse a name that is neither a folder nor shaped like a Hub repo id (`name` or `namespace/name`): a folder
+    that is missing or mistyped, which transformers would report as a malformed repo id."""
+    if os.path.isdir(name_or_path):
+        return
+    try:
+        validate_repo_id(name_or_path)
+    except HFValidationError:
+        problem = "is not a folder" if os.path.exists(name_or_path) else "no such folder"
+        raise ValueError(
+            f"{flag} {name_or_path}: {problem}, and not a Hub repo id ('name' or 'namespace/name'); pass the folder "
+            f"of a saved model (the one holding its config.json) or a Hub repo id"
+        ) from None
+
+
 def tied_model_type(name_or_path: str, model_type: str | None = None, **hub_options) -> str:
-    """The tied model type to load `name_or_path` into: `model_type`, or the checkpoint's own type, tied
-    (`gpt2` -> `tied_gpt2`)."""
+    """The tied model type to load `name_or_path` into: the checkpoint's own type, tied (`gpt2` -> `tied_gpt2`).
+
+    A `model_type` given must be that type: another would build its own default config (a 6.7B-parameter Llama
+    for a GPT-2 checkpoint) from fields it does not read.
+    """
     if model_type is not None:
         check_tied_model_type(model_type)
-        return model_type
     saved = AutoConfig.from_pretrained(name_or_path, **hub_options).model_type
-    for candidate in (saved, f"tied_{saved}"):
-        if candidate in TIED_MODELS:
-            return candidate
-    raise ValueError(
-        f"--model_name_or_path {name_or_path} is a {saved!r} checkpoint, which hf-layertie has no tied class for; "
-        f"tied types: {', '.join(TIED_MODELS)}"
-    )
+    own = next((candidate for candidate in (saved, f"tied_{saved}") if candidate in TIED_MODELS), None)
+    if own is None:
+        raise ValueError(
+            f"--model_name_or_path {name_or_path} is a {saved!r} checkpoint, which hf-layertie has no tied class for; "
+            f"tied types: {', '.join(TIED_MODELS)}"
+        )
+    if model_type not in (None, own):
+        raise ValueError(
+            f"--model_type {model_type} does not match --model_name_or_path {name_or_path}, a {saved!r} checkpoint: "
+            f"leave --model_type unset (it defaults to the checkpoint's own type, {own}) or pass --model_type {own}"
+        )
+    return own
 
 
 def check_tied_model_type(model_type: str) -> None:

@@ -1,7 +1,8 @@
 """The one owner of what a `TyingTrainer` checkpoint holds and when it counts as complete.
 
 A checkpoint (`checkpoint-N/`, and the output folder of a finished run) is the Trainer's files plus
-`tying_state.pt`: the strategy, the settings it ran under and its decisions' state (`TyingDecisions.state_dict`).
+`tying_state.pt`: the strategy, the settings it ran under, its decisions' state (`TyingDecisions.state_dict`) and
+the run's training totals so far (`TrainingTotals`, under `training`; absent from checkpoints of earlier versions).
 The model's `config.json` holds the map of that step. `tying_state.pt` is written last and atomically, for every
 strategy (`none` included), so a checkpoint that has it is complete; one without it was interrupted while saving
 (or a plain Trainer saved it), and a tying run refuses to continue it.
@@ -58,6 +59,33 @@ def read_tying_state(checkpoint: str | Path) -> dict | None:
     if not isinstance(state, dict) or not TYING_STATE_KEYS <= state.keys():
         raise ValueError(f"{path} is not a tying state: expected a dict with the keys {sorted(TYING_STATE_KEYS)}")
     return state
+
+
+def starting_model(model) -> str:
+    """Where `model` was loaded from, as a tying state records it: its folder (absolute) or Hub id, "" when it was
+    built from scratch. A run with `untie_init="own"` unties blocks to the weights they had in that model."""
+    source = getattr(model, "name_or_path", "")  # tying_strategy="none" takes any torch module
+    return os.path.realpath(source) if os.path.isdir(source) else source
+
+
+def check_resumes_starting_model(checkpoint: str | Path, state: dict | None, untie_init: str | None, model) -> None:
+    """Refuse to continue an `untie_init="own"` run with a model loaded from elsewhere than the one it started from
+    (`state["starting_model"]`; a state saved before it was recorded is not checked): blocks it unties would take
+    the other model's weights."""
+    saved = None if state is None else state.get("starting_model")
+    current = starting_model(model)
+    if untie_init != "own" or saved is None or saved == current:
+        return
+    raise ValueError(
+        f"cannot resume from {checkpoint}: its run (untie_init='own') started from {_model_origin(saved)} and unties "
+        f"blocks to their weights there, and this run's model comes from {_model_origin(current)}. Load the model "
+        f"from {saved or 'scratch'} to continue that run (--model_name_or_path in the scripts), or train into a new "
+        f"output_dir"
+    )
+
+
+def _model_origin(source: str) -> str:
+    return source if source else "a model built from scratch"
 
 
 def checkpoint_tying_map(checkpoint: str | Path, num_blocks: int) -> TyingMap:

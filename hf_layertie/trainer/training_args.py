@@ -4,7 +4,7 @@ One name per setting everywhere: the agent's settings are `hf_layertie.dlt.Agent
 reward's `hf_layertie.dlt.TyingReward`'s, under the same names; those classes own their validation. Which
 settings a strategy reads, and their defaults, belong to the strategy (`hf_layertie.decisions`): every tying
 setting here defaults to `None`, a setting the chosen strategy does not read must stay `None` (it is refused,
-not ignored), and the strategy's defaults are filled in after construction.
+not ignored; `settings_unread_by` names them), and the strategy's defaults are filled in after construction.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ class TyingTrainingArguments(TrainingArguments):
         the first map was applied), kept on CPU outside the training state, with fresh optimizer state: a
         converted trained model gives an untied block back its own trained weights.
     tying_plot (`bool`, defaults to `True`):
-        Write `tying_map.png` (blocks x steps, one colour per source block) next to saved models.
+        Write `tying_map.png` (blocks x steps, one colour per source block) next to saved models, where matplotlib
+        (the `plot` extra) is installed; without it the run says so once and draws none.
 
     A run resumed from a checkpoint must repeat the settings of the run that saved it (`resume_settings()`);
     `TyingTrainer` refuses it otherwise, naming each setting that differs.
@@ -155,6 +156,15 @@ class TyingTrainingArguments(TrainingArguments):
         """The tying settings some strategy reads (every tying field but `tying_strategy` and `tying_plot`)."""
         return [name for name in cls.tying_fields() if name not in ("tying_strategy", "tying_plot")]
 
+    @classmethod
+    def settings_unread_by(cls, tying_strategy: str) -> list[str]:
+        """The strategy settings that `tying_strategy` does not read (none for an unknown strategy, refused on its
+        own). The scripts' embedded default drops those it sets: they are refused only when the user sets them."""
+        decisions = DECISIONS.get(str(tying_strategy).split(":", 1)[0])
+        if decisions is None:
+            return []
+        return [name for name in cls.strategy_settings() if name not in decisions.settings]
+
     @property
     def tying_mode(self) -> str:
         """`dlt`, `random`, `static`, `similarity` or `none`."""
@@ -194,7 +204,7 @@ class TyingTrainingArguments(TrainingArguments):
         if ":" in self.tying_strategy and self.tying_mode not in ("static", "similarity"):
             raise ValueError(f"tying_strategy={self.tying_strategy!r}: only 'static' and 'similarity' take a ':' argument")
         decisions = self.decisions_class
-        ignored = [name for name in self.strategy_settings() if name not in decisions.settings and getattr(self, name) is not None]
+        ignored = [name for name in self.settings_unread_by(self.tying_strategy) if getattr(self, name) is not None]
         if ignored:
             reads = f"it reads {', '.join(decisions.settings)}" if decisions.settings else "it reads no other tying setting"
             raise ValueError(

@@ -54,7 +54,7 @@ def plot_tying_history(records: list[dict], path: str | Path, final_step: int | 
 
 def require_matplotlib():
     """matplotlib's figure, colour map class and colour maps, imported only when a plot is drawn (an optional
-    extra); `TyingTrainer` calls it when it is built, so a missing matplotlib stops a run before it trains."""
+    extra); `TyingTrainer` calls it when it is built, and draws no plot, saying so once, where it is missing."""
     try:
         from matplotlib import colormaps
         from matplotlib.colors import ListedColormap

@@ -12,10 +12,13 @@ Checkpoints carry the strategy's state (`checkpoint_format`) next to a model who
 resuming re-ties the model to the checkpoint's map before loading its weights, and is refused when the checkpoint
 was saved under other tying settings (`TyingTrainingArguments.resume_settings`). The final model is saved with its
 tying state too, so that a run whose last outputs were lost is finished from it without training a step more.
+Checkpoints also carry the run's training totals (`TrainingTotals`), so that a resumed run reports the whole run's
+training loss, runtime and speeds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -26,6 +29,7 @@ from pathlib import Path
 import torch
 from accelerate.utils import broadcast_object_list
 from transformers import Trainer, TrainerState
+from transformers.integrations import is_tensorboard_available
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
@@ -34,18 +38,21 @@ from ..decisions import TyingDecisions
 from ..model_card import write_model_card
 from ..models.tied_blocks import TiedBlocksMixin, _is_adapter_layer
 from ..models.tying_map import TyingMap
-from ..relaxed_ties import holds_adapters, load_relaxed_weights, relax_ties
+from ..relaxed_ties import check_lora_rank, holds_adapters, load_relaxed_weights, relax_ties
 from .checkpoint_format import (
     TYING_STATE_NAME,
+    check_resumes_starting_model,
     checkpoint_step,
     checkpoint_tying_map,
     explain_write_errors,
     read_tying_state,
+    starting_model,
     write_tying_state,
 )
 from .non_finite_loss import NonFiniteLossGuard
 from .optimizer_sync import add_to_optimizer, rebuild_data_parallel, sync_optimizer_with_model
 from .training_args import TyingTrainingArguments
+from .training_totals import TrainingTotals
 from .tying_history import TyingHistory
 from .tying_plot import plot_tying_history, require_matplotlib
 
@@ -93,6 +100,7 @@ class TyingTrainer(Trainer):
         if not isinstance(args, TyingTrainingArguments):
             raise TypeError(f"TyingTrainer needs args of type TyingTrainingArguments, got {type(args).__name__}")
         _refuse_fsdp(model, bool(args.fsdp))
+        _report_to_installed_tensorboard_only(args)
         super().__init__(model=model, args=args, **kwargs)
         _refuse_fsdp(self.model, self.is_fsdp_enabled)  # accelerate's FSDP plugin (`accelerate launch --use_fsdp`)
         self.model_card_kwargs = dict(model_card_kwargs or {})
@@ -102,15 +110,21 @@ class TyingTrainer(Trainer):
         self._run_checked = False
         self._reward_examples = None
         self._reward_batches = None
+        # The run's training totals: those of the checkpoint resumed from, plus the sitting in `train` (its summed
+        # loss and start), if one is under way.
+        self._totals = TrainingTotals()
+        self._sitting_loss = 0.0
+        self._sitting_start: float | None = None
         decisions_class = args.decisions_class
         if decisions_class.needs_tied_model:
             self._check_model_can_tie()
-        if args.tying_plot and isinstance(self.model, TiedBlocksMixin):
-            require_matplotlib()
+        self._draws_plot = args.tying_plot and decisions_class.needs_tied_model and _matplotlib_installed()
         if decisions_class.changes_map and args.ddp_static_graph:
             raise ValueError(f"ddp_static_graph=True cannot follow re-ties; leave it unset with tying_strategy={args.tying_strategy!r}")
         num_blocks = len(self.model.tied_blocks) if isinstance(self.model, TiedBlocksMixin) else 0
         self.decisions: TyingDecisions = decisions_class(args, num_blocks)
+        if args.lora_rank is not None:  # static and similarity: before the map is applied (similarity's after a warm-up)
+            check_lora_rank(self.model, args.lora_rank, self.decisions.num_distinct)
         if args.reward_source == "held_out":
             self._reward_examples = self._select_reward_examples(reward_dataset)
         self.decisions.start(self._loop_view())
@@ -158,32 +172,53 @@ class TyingTrainer(Trainer):
             self.decisions.decide(self._loop_view(inputs))
         # After a re-tie the DDP wrapper was rebuilt in place; `model_wrapped` is always the live one.
         loss = super().training_step(self.model_wrapped, inputs, num_items_in_batch)
+        self._sitting_loss += loss  # on the device, as the Trainer sums it: no synchronisation per step
         self.decisions.observe_loss(loss)
         self._non_finite_loss.check(loss, self.accelerator, self.state.global_step, self.args.output_dir, self.args.learning_rate)
         return loss
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs) -> TrainOutput:
         """`Trainer.train`, then the strategy's last reward (the loss of the steps after the last decision).
 
-        A checkpoint that already reached `max_steps` (or the output folder of a finished run) is not trained
-        further: the model, the decisions and the trainer state are restored from it, and the run ends there.
+        The training metrics (`train_loss`, `train_runtime`, `train_*_per_second`, `total_flos`) are the whole
+        run's, over every sitting (`TrainingTotals`): resumed from a checkpoint, the mean loss of all the steps
+        since the start, not of those this call trained. A checkpoint that already reached `max_steps` (or the
+        output folder of a finished run) is not trained further: the model, the decisions and the trainer state are
+        restored from it, and the run ends there with the metrics it had.
         """
         saved_step = checkpoint_step(resume_from_checkpoint) if isinstance(resume_from_checkpoint, str) else None
+        self._totals, self._sitting_loss = TrainingTotals(), 0.0  # resuming loads the checkpoint's totals
         if saved_step is not None and 0 < self.args.max_steps <= saved_step:
-            return self._finish_from(resume_from_checkpoint)
-        result = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
-        self._finish_decisions()
-        return result
+            metrics = self._finish_from(resume_from_checkpoint)
+        else:
+            self._sitting_start = time.time()
+            metrics = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs).metrics
+            self._totals, self._sitting_start = self._training_totals(metrics["train_runtime"]), None
+            self._finish_decisions()
+        metrics.update(self._totals.metrics(self.state.global_step, self._samples_per_step(), self.state.total_flos))
+        return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
 
-    def _finish_from(self, checkpoint: str) -> TrainOutput:
+    def _finish_from(self, checkpoint: str) -> dict[str, float]:
         logger.warning(f"{checkpoint} is at max_steps={self.args.max_steps} already: finishing the run from it, training no step")
         self._load_from_checkpoint(checkpoint)
         self.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
+        if self._totals.start_step:  # saved without totals: a finished run's folder from before they existed
+            self._totals = TrainingTotals.summarised_in(self.state.log_history) or self._totals
         self._finish_decisions()
-        # The finished run's own summary when the folder has it (a final output folder), else only where it ended.
-        summary = next((entry for entry in reversed(self.state.log_history) if "train_runtime" in entry), {})
-        metrics = {"epoch": self.state.epoch, **{key: value for key, value in summary.items() if key != "step"}}
-        return TrainOutput(self.state.global_step, summary.get("train_loss", math.nan), metrics)
+        return {"epoch": self.state.epoch}
+
+    def _training_totals(self, sitting_runtime: float | None = None) -> TrainingTotals:
+        """The run's totals up to now: the checkpoint's resumed from, plus the sitting under way (collective). Its
+        runtime is `sitting_runtime` when it is over (`Trainer.train`'s own measure), else the time since it began."""
+        if self._sitting_start is None:
+            return self._totals
+        loss_sum = self._loop_view().mean_over_processes(float(self._sitting_loss))
+        runtime = time.time() - self._sitting_start if sitting_runtime is None else sitting_runtime
+        return self._totals.plus(loss_sum, runtime)
+
+    def _samples_per_step(self) -> int:
+        """Examples per optimizer step over all processes, as `Trainer.train` counts them for its speeds."""
+        return self.state.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
 
     def _finish_decisions(self) -> None:
         self.decisions.finish(self._loop_view())
@@ -310,6 +345,8 @@ class TyingTrainer(Trainer):
             "tying_strategy": self.args.tying_strategy,
             "settings": {name: getattr(self.args, name) for name in self.args.strategy_settings()},
             "decisions": self.decisions.state_dict(self._loop_view()),
+            "starting_model": starting_model(self.model),
+            "training": dataclasses.asdict(self._training_totals()),
         }
 
     def _write_tying_state(self, folder: str) -> None:
@@ -329,7 +366,9 @@ class TyingTrainer(Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         state = read_tying_state(resume_from_checkpoint)
-        self._check_resumes_the_saved_settings(resume_from_checkpoint, state)
+        check_resumes_saved_settings(self.args, resume_from_checkpoint, state)
+        check_resumes_starting_model(resume_from_checkpoint, state, self.args.untie_init, self.model)
+        self._totals = TrainingTotals.saved_in(state, checkpoint_step(resume_from_checkpoint) or 0)
         if isinstance(self.model, TiedBlocksMixin) and self.args.tying_mode != "none":
             self.model.retie(checkpoint_tying_map(resume_from_checkpoint, len(self.model.tied_blocks)))
         if state is not None:
@@ -354,38 +393,6 @@ class TyingTrainer(Trainer):
             load_relaxed_weights(self.model, best)  # a best checkpoint from before the map: its adapters at zero
             return
         super()._load_best_model()
-
-    def _check_resumes_the_saved_settings(self, checkpoint: str, state: dict | None) -> None:
-        """Refuse a checkpoint saved under other tying settings (`TyingTrainingArguments.resume_settings`): the run
-        would continue the saved map and agent while its card reports this run's settings."""
-        wanted = self.args.resume_settings()
-        start_afresh = (
-            f"To continue that run, repeat its settings; to start a new one, train into a new output_dir, or delete "
-            f"the {PREFIX_CHECKPOINT_DIR}-* folders of {os.path.dirname(os.path.abspath(checkpoint))} (and pass no "
-            f"resume_from_checkpoint)"
-        )
-        if state is None:
-            if self.args.tying_mode == "none":
-                return
-            raise ValueError(
-                f"cannot resume tying_strategy={self.args.tying_strategy!r} from {checkpoint}: it has no "
-                f"{TYING_STATE_NAME}, so a plain Trainer saved it or its save was interrupted. {start_afresh}, or "
-                f"resume from an earlier, complete checkpoint"
-            )
-        # A setting the checkpoint lacks did not exist when it was saved: that run had its default.
-        saved = {"tying_strategy": state["tying_strategy"], **self.args.decisions_class.settings, **state["settings"]}
-        # Under another strategy the other settings are moot: name the strategy alone.
-        names = ["tying_strategy"] if saved["tying_strategy"] != wanted["tying_strategy"] else list(wanted)
-        differing = [
-            f"{name}={saved.get(name)!r} there, {wanted[name]!r} here"
-            for name in names
-            if saved.get(name) != wanted[name]
-        ]
-        if differing:
-            raise ValueError(
-                f"cannot resume from {checkpoint}: it was saved under other tying settings than this run's "
-                f"({'; '.join(differing)}). {start_afresh}"
-            )
 
     def _issue_warnings_after_load(self, load_result) -> None:
         # Tied blocks are not stored in the checkpoint: they are restored by sharing, not missing.
@@ -419,7 +426,7 @@ class TyingTrainer(Trainer):
 
     def _write_plot_and_card(self, output_dir: Path, model_name: str | None = None, eval_results: dict | None = None):
         plot = None
-        if self.args.tying_plot and self.tying_records:
+        if self._draws_plot and self.tying_records:
             plot = plot_tying_history(self.tying_records, output_dir / TYING_PLOT_NAME, final_step=self.state.global_step)
         write_model_card(
             self.model,
@@ -437,6 +444,62 @@ class TyingTrainer(Trainer):
             return {}
         loss = evaluations[-1]["eval_loss"]
         return {"eval_loss": loss, "perplexity": math.exp(min(loss, 700.0))}
+
+
+def check_resumes_saved_settings(args: TyingTrainingArguments, checkpoint: str, state: dict | None) -> None:
+    """Refuse to continue `checkpoint` (a `checkpoint-N`, or the output folder of a finished run) when it was saved
+    under other tying settings (`TyingTrainingArguments.resume_settings`; `state` is its tying state, None when it
+    has none): the run would continue the saved map and agent, or report the finished run's results, while its card
+    and its command name this run's settings."""
+    wanted = args.resume_settings()
+    start_afresh = (
+        f"To continue that run, repeat its settings; to start a new one, train into a new output_dir, or delete "
+        f"{_saved_run(checkpoint)}"
+    )
+    if state is None:
+        if args.tying_mode == "none":
+            return
+        raise ValueError(
+            f"cannot resume tying_strategy={args.tying_strategy!r} from {checkpoint}: it has no "
+            f"{TYING_STATE_NAME}, so a plain Trainer saved it or its save was interrupted. {start_afresh}, or "
+            f"resume from an earlier, complete checkpoint"
+        )
+    # A setting the checkpoint lacks did not exist when it was saved: that run had its default.
+    saved = {"tying_strategy": state["tying_strategy"], **args.decisions_class.settings, **state["settings"]}
+    # Under another strategy the other settings are moot: name the strategy alone.
+    names = ["tying_strategy"] if saved["tying_strategy"] != wanted["tying_strategy"] else list(wanted)
+    differing = [f"{name}={saved.get(name)!r} there, {wanted[name]!r} here" for name in names if saved.get(name) != wanted[name]]
+    if differing:
+        raise ValueError(
+            f"cannot resume from {checkpoint}: it was saved under other tying settings than this run's "
+            f"({'; '.join(differing)}). {start_afresh}"
+        )
+
+
+def _saved_run(checkpoint: str) -> str:
+    """What to delete to train afresh where `checkpoint` is: the checkpoints beside it, or a finished run's folder."""
+    path = Path(checkpoint).resolve()
+    if path.name.startswith(f"{PREFIX_CHECKPOINT_DIR}-"):
+        return f"the {PREFIX_CHECKPOINT_DIR}-* folders of {path.parent} (and pass no resume_from_checkpoint)"
+    return str(path)
+
+
+def _report_to_installed_tensorboard_only(args: TyingTrainingArguments) -> None:
+    """Drop TensorBoard from `report_to` where it is not installed (an optional extra, which the embedded default
+    run reports to), saying so, rather than let transformers' callback stop the run."""
+    if "tensorboard" in args.report_to and not is_tensorboard_available():
+        logger.warning("TensorBoard is not installed: not reporting to it (pip install 'hf-layertie[tensorboard]')")
+        args.report_to = [name for name in args.report_to if name != "tensorboard"]
+
+
+def _matplotlib_installed() -> bool:
+    """Whether matplotlib (an optional extra) can draw the tying plot; without it saves draw none, as said here once."""
+    try:
+        require_matplotlib()
+    except ImportError:
+        logger.warning(f"matplotlib is not installed: {TYING_PLOT_NAME} is not drawn (pip install 'hf-layertie[plot]')")
+        return False
+    return True
 
 
 def _refuse_fsdp(model, fsdp_enabled: bool) -> None:

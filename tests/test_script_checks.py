@@ -1,0 +1,150 @@
+"""Settings that `run_clm.py` used to ignore, accept or fail on late: each is refused at once, naming the flag, the
+value and what to do, before anything is trained or generated."""
+
+import json
+import re
+
+import pytest
+import torch
+from test_run_scripts import TINY_GPT2, text_files, tiny_flags  # noqa: F401 (fixtures)
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from hf_layertie import TIED_MODELS
+from hf_layertie.language_modeling import CAUSAL_LM, run
+from hf_layertie.language_modeling import multihop as hop_tasks
+from hf_layertie.language_modeling.run import parse_arguments
+from hf_layertie.toolkit import load_tokenizer, tied_model_type
+
+
+def tiny_task_flags(output_dir, task, config, *extra):
+    return [
+        "--dataset_name", task, "--dataset_config_name", config,
+        "--config_overrides", "n_layer=2,n_embd=16,n_head=2,n_positions=32",
+        "--output_dir", str(output_dir), "--do_train", "--max_steps", "1", "--report_to", "none", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def generation_forbidden(monkeypatch):
+    """Every generated task fails if its examples are generated: the refusals must come first."""
+
+    def generate(config, seed=0):
+        raise AssertionError("examples were generated before the settings were checked")
+
+    for name, (config_class, _, make_tokenizer) in list(hop_tasks.HOP_TASKS.items()):
+        monkeypatch.setitem(hop_tasks.HOP_TASKS, name, (config_class, generate, make_tokenizer))
+
+
+@pytest.fixture(scope="module")
+def plain_gpt2_checkpoints(tmp_path_factory):
+    """Two plain GPT-2 checkpoints of 3 blocks (different weights) with the shipped tokenizer."""
+    tokenizer = load_tokenizer("shakespeare-bpe")
+    folders = []
+    for seed in (0, 1):
+        folder = tmp_path_factory.mktemp(f"plain{seed}")
+        config = GPT2Config(n_layer=3, n_embd=16, n_head=2, n_positions=32, vocab_size=len(tokenizer))
+        torch.manual_seed(seed)
+        GPT2LMHeadModel(config).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        folders.append(folder)
+    return folders
+
+
+# --- 3. settings silently ignored or wrongly accepted -----------------------------------------------
+
+
+def test_a_lora_rank_that_cannot_compress_is_refused_before_training(tmp_path, text_files):
+    flags = tiny_flags(tmp_path, text_files, TINY_GPT2, "--tying_strategy", "static:all", "--lora_rank", "1000")
+    with pytest.raises(ValueError) as refusal:
+        run(CAUSAL_LM, flags)
+    message = str(refusal.value)
+    # Both limits named: the blocks' smaller layer dimension (16), and the largest rank at which 3 positions sharing
+    # one block's weights, each with its LoRA, stay smaller than 3 untied blocks (8).
+    assert "lora_rank=1000 does not compress this model: ranks must stay below 16" in message
+    assert "at or below 8, above which the relaxed blocks (1 of 3 owning weights" in message
+    assert message.endswith("pass lora_rank=8 or less")
+    assert not (tmp_path / "trainer_state.json").exists() and not list(tmp_path.glob("checkpoint-*"))
+
+
+def test_resuming_an_untie_own_run_from_another_model_is_refused_naming_both(tmp_path, text_files, plain_gpt2_checkpoints):
+    first, other = plain_gpt2_checkpoints
+
+    def flags(model, max_steps):
+        common = tiny_flags(tmp_path, text_files, "", "--untie_init", "own", "--save_steps", "2", "--do_eval", "false")
+        common = [flag for flag in common if flag not in ("--config_overrides", "")]
+        return [*common, "--max_steps", str(max_steps), "--model_name_or_path", str(model)]
+
+    run(CAUSAL_LM, flags(first, 4))
+    saved = {path: path.read_bytes() for path in (tmp_path / "checkpoint-4").iterdir() if path.is_file()}
+    with pytest.raises(ValueError, match=rf"started from {re.escape(str(first.resolve()))} .* comes from {re.escape(str(other.resolve()))}"):
+        run(CAUSAL_LM, flags(other, 6))  # resumes from checkpoint-4 with the other model
+    assert {path: path.read_bytes() for path in saved} == saved
+    assert not (tmp_path / "checkpoint-6").exists()
+
+
+@pytest.mark.parametrize("task", ["multihop", "hop_induction"])
+@pytest.mark.parametrize("flag", ["--block_size", "--train_file", "--validation_file"])
+def test_text_only_flags_are_refused_with_a_generated_task(tmp_path, text_files, generation_forbidden, task, flag):
+    value = "32" if flag == "--block_size" else str(text_files / "train.txt")
+    with pytest.raises(ValueError, match=rf"--dataset_name {task} generates its examples.* reads no {flag}\. Leave it unset"):
+        run(CAUSAL_LM, tiny_task_flags(tmp_path, task, "", flag, value))
+
+
+@pytest.mark.parametrize("task, config", [("multihop", "num_chains=2,num_chains=3"), ("hop_induction", "length=8,max_hops=2,length=9")])
+def test_a_task_setting_given_twice_is_refused(tmp_path, generation_forbidden, task, config):
+    key = config.split("=")[0]
+    with pytest.raises(ValueError, match=rf"--dataset_config_name '{config}': {task} setting '{key}' is given twice"):
+        run(CAUSAL_LM, tiny_task_flags(tmp_path, task, config))
+
+
+# --- 4. hangs on bad input --------------------------------------------------------------------------
+
+
+def test_a_model_type_that_disagrees_with_the_checkpoint_is_refused_before_building(tmp_path, plain_gpt2_checkpoints, monkeypatch):
+    checkpoint = plain_gpt2_checkpoints[0]
+
+    def build(*args, **kwargs):
+        raise AssertionError("a Llama was built from the GPT-2 config")
+
+    monkeypatch.setattr(TIED_MODELS["tied_llama"][0], "from_pretrained", build)
+    flags = ["--model_name_or_path", str(checkpoint), "--model_type", "tied_llama", "--output_dir", str(tmp_path), "--do_eval"]
+    with pytest.raises(ValueError, match=rf"--model_type tied_llama does not match --model_name_or_path {checkpoint}, a 'gpt2' checkpoint"):
+        run(CAUSAL_LM, flags)
+    assert tied_model_type(str(checkpoint), "tied_gpt2") == tied_model_type(str(checkpoint)) == "tied_gpt2"
+
+
+@pytest.mark.parametrize("task, tokens", [("multihop", "102,000,000,000"), ("hop_induction", "66,000,000,000")])
+def test_task_sizes_beyond_the_bound_are_refused_before_generating(tmp_path, generation_forbidden, task, tokens):
+    message = rf"{task} train_examples=1000000000 makes a split of {tokens} tokens .* pass train_examples=\d+ or less"
+    with pytest.raises(ValueError, match=message):
+        run(CAUSAL_LM, tiny_task_flags(tmp_path, task, "train_examples=1000000000"))
+
+
+@pytest.mark.parametrize("task, needed", [("multihop", 102), ("hop_induction", 66)])
+def test_a_context_too_short_for_the_task_is_refused_before_generating(tmp_path, generation_forbidden, task, needed):
+    with pytest.raises(ValueError, match=rf"--dataset_name {task} with the default settings needs {needed} positions; the model has 32"):
+        run(CAUSAL_LM, tiny_task_flags(tmp_path, task, ""))
+
+
+# --- 6. unclear errors ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("missing", ["absolute", "./relative/model"])
+def test_a_missing_model_folder_is_named(tmp_path, missing):
+    path = str(tmp_path / "no-such-model") if missing == "absolute" else missing
+    flags = ["--model_name_or_path", path, "--output_dir", str(tmp_path), "--do_train"]
+    with pytest.raises(ValueError, match=rf"--model_name_or_path {path}: no such folder"):
+        run(CAUSAL_LM, flags)
+
+
+def test_default_tying_settings_the_chosen_strategy_does_not_read_drop_out():
+    _, _, training_args = parse_arguments(CAUSAL_LM, ["--tying_strategy", "static:cycle:2"])
+    assert training_args.tying_strategy == "static:cycle:2" and training_args.tying_interval is None
+    _, _, default = parse_arguments(CAUSAL_LM, [])
+    assert default.tying_interval == json.loads(CAUSAL_LM.default_arguments.read_text())["tying_interval"]
+
+
+@pytest.mark.parametrize("spelling", [["--tying_interval", "4"], ["--tying-interval=4"]])
+def test_a_tying_setting_the_user_sets_for_a_strategy_that_does_not_read_it_is_still_refused(spelling):
+    with pytest.raises(ValueError, match="tying_strategy='static:cycle:2' does not read tying_interval"):
+        parse_arguments(CAUSAL_LM, ["--tying_strategy", "static:cycle:2", *spelling])
