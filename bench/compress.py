@@ -23,6 +23,9 @@ or the U that `similarity:U` keeps). Relaxed ties (`lora_rank`, `hf_layertie.rel
 map with a LoRA per position, started from what the tie took from it (`lora_init="svd"`) or from zero, at ranks
 2 and 8 (their adapters add to the training state, which the table reports). The Llama rows (seed 0 alone) take
 the same path from a plain `LlamaForCausalLM` teacher of the same sizes: the workflow users run on real checkpoints.
+
+This file schedules the runs; the presets, the rows and their folders are `compress_settings.py`, one row's run
+`compress_run.py`, the report `compress_report.py`.
 """
 
 from __future__ import annotations
@@ -38,120 +41,13 @@ from transformers import HfArgumentParser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.compress_report import write_report  # noqa: E402
+from bench.compress_run import run_row  # noqa: E402
+from bench.compress_settings import PRESETS, CompressSettings, Row, plan, row_dir, seed_dir, teacher_ready  # noqa: E402
+from bench.measure import task_data  # noqa: E402
 from bench.provenance import provenance  # noqa: E402
 from bench.scheduling import Job, run_jobs, single_run_command, write_complete  # noqa: E402
-from bench.settings import REPO_ROOT, check_task, fingerprint, parse_integers  # noqa: E402
-
-
-@dataclass(frozen=True)
-class CompressSettings:
-    n_layer: int
-    n_embd: int
-    n_head: int
-    block_size: int
-    batch_size: int
-    teacher_steps: int
-    teacher_learning_rate: float
-    uptrain_steps: int
-    uptrain_learning_rate: float
-    warmup_steps: int
-    distinct_blocks: int
-    tying_interval: int
-    max_test_blocks: int | None
-    seeds: tuple[int, ...]
-    task: str | None = None  # a generated task instead of the plays (`bench/settings.py`, BenchSettings.task)
-
-    def fingerprint(self) -> str:
-        return fingerprint(self, scheduling=("seeds",))
-
-
-# Each family's teacher, saved in its seed's folder as a plain transformers checkpoint (`to_untied()`): conversions
-# load it as users load theirs (`load_model`, as `run_clm.py --model_name_or_path` does).
-TEACHER_DIRS = {"tied_gpt2": "teacher-model", "tied_llama": "teacher-llama"}
-
-PRESETS = {
-    "tiny": CompressSettings(
-        n_layer=4, n_embd=32, n_head=2, block_size=32, batch_size=4, teacher_steps=12, teacher_learning_rate=3e-3,
-        uptrain_steps=8, uptrain_learning_rate=1e-3, warmup_steps=0, distinct_blocks=2, tying_interval=2,
-        max_test_blocks=16, seeds=(0,),
-    ),  # fmt: skip
-    # The study's model, data and teacher schedule (2,000 steps of 16 x 64 tokens at 3e-3); uptraining 1,000 steps at
-    # 1e-3 (the rate of the issue's probe); k = 2 as in the study, so DLT takes 500 decisions.
-    "default": CompressSettings(
-        n_layer=12, n_embd=64, n_head=4, block_size=64, batch_size=16, teacher_steps=2000, teacher_learning_rate=3e-3,
-        uptrain_steps=1000, uptrain_learning_rate=1e-3, warmup_steps=50, distinct_blocks=4, tying_interval=2,
-        max_test_blocks=None, seeds=(0, 1, 2, 3, 4),
-    ),  # fmt: skip
-    # Where depth matters: k-hop induction (the `depth` study preset's task and model), a 4-block teacher trained
-    # 5,000 steps (where 4 untied blocks beat 2, bench/hop_depth.py), compressed to 2 distinct blocks and uptrained
-    # 1,000 steps at 1e-3.
-    "depth": CompressSettings(
-        n_layer=4, n_embd=64, n_head=4, block_size=66, batch_size=32, teacher_steps=5000, teacher_learning_rate=1e-3,
-        uptrain_steps=1000, uptrain_learning_rate=1e-3, warmup_steps=100, distinct_blocks=2, tying_interval=2,
-        max_test_blocks=None, seeds=(0, 1, 2, 3, 4), task="hop_induction:length=64,max_hops=4",
-    ),  # fmt: skip
-}
-
-
-@dataclass(frozen=True)
-class Row:
-    """One row of the table. `start`: "teacher" (converted), "truncated" (its first blocks), "pruned" (the blocks
-    `similarity:U` keeps independent, in order: block 0 and the U - 1 that change their input most), "scratch"."""
-
-    label: str
-    start: str
-    strategy: str = "none"
-    tie_init: str | None = None
-    untie_init: str | None = None
-    all_tokens: bool = False  # from scratch for the teacher's steps and the uptraining's
-    lora_rank: int | None = None  # relaxed ties
-    lora_init: str | None = None
-    model_type: str = "tied_gpt2"  # the family: every row of a family starts from that family's teacher
-    seeds: tuple[int, ...] | None = None  # only these of the preset's seeds (None: all)
-
-    @property
-    def directory(self) -> str:
-        return "".join(character if character.isalnum() else "-" for character in self.label).strip("-")
-
-
-def plan(settings: CompressSettings) -> list[Row]:
-    """The rows, teacher first (every conversion reads it)."""
-    budget = settings.distinct_blocks
-    rows = [Row(f"teacher, {settings.n_layer} blocks, continued (ceiling)", "teacher")]
-    for pattern in ("cycle", "sequence", "similarity"):
-        strategy = f"similarity:{budget}" if pattern == "similarity" else f"static:{pattern}:{budget}"
-        rows += [Row(f"converted, {pattern}, {init}", "teacher", strategy, tie_init=init) for init in ("root", "mean")]
-    rows += [
-        Row(f"converted, dlt from sequence, mean, untie to {untie}", "teacher", "dlt", tie_init="mean", untie_init=untie)
-        for untie in ("own", "source")
-    ]
-    sequence, similarity = f"static:sequence:{budget}", f"similarity:{budget}"
-    relaxed = [(sequence, 2, "svd"), (sequence, 8, "svd"), (sequence, 8, "zero"), (similarity, 8, "svd")]
-    rows += [_relaxed_row(strategy, rank, init) for strategy, rank, init in relaxed]
-    rows += [
-        Row(f"teacher truncated to its first {budget} blocks", "truncated"),
-        Row(f"teacher pruned to the {budget} blocks similarity keeps", "pruned"),
-        Row(f"untied {budget} blocks from scratch, uptraining steps", "scratch"),
-        Row(f"untied {budget} blocks from scratch, teacher + uptraining steps", "scratch", all_tokens=True),
-    ]
-    if settings.task is not None:
-        return rows
-    # The path users take with real checkpoints: a plain LlamaForCausalLM teacher converted, relaxed and exported.
-    # One seed: a check that the workflow runs and what it gives, not a comparison (on the plays alone).
-    llama = dict(model_type="tied_llama", seeds=(0,))
-    rows += [
-        Row(f"Llama: teacher, {settings.n_layer} blocks, continued (ceiling)", "teacher", **llama),
-        Row("Llama: converted, sequence, mean", "teacher", sequence, tie_init="mean", **llama),
-        _relaxed_row(sequence, 8, "svd", "Llama: ", **llama),
-        Row(f"Llama: untied {budget} blocks from scratch, teacher + uptraining steps", "scratch", all_tokens=True, **llama),
-    ]
-    return rows
-
-
-def _relaxed_row(strategy: str, rank: int, init: str, prefix: str = "", **family) -> Row:
-    pattern = strategy.split(":")[-2]
-    label = f"{prefix}converted, {pattern}, mean, relaxed r = {rank} ({init} init)"
-    return Row(label, "teacher", strategy, tie_init="mean", lora_rank=rank, lora_init=init, **family)
+from bench.settings import REPO_ROOT, check_task, parse_integers  # noqa: E402
 
 
 @dataclass
@@ -201,8 +97,6 @@ def main() -> None:
     (args,) = HfArgumentParser(CompressArguments).parse_args_into_dataclasses()
     settings, output = args.settings(), args.output()
     if args.single_run is not None:
-        from bench.compress_run import run_row
-
         label, seed = json.loads(args.single_run)
         row = next(row for row in plan(settings) if row.label == label)
         run_dir = row_dir(output, row, seed)
@@ -210,8 +104,6 @@ def main() -> None:
         return
     _claim(output, settings)
     failures = [] if args.report_only else _run_all(settings, output, args.jobs)
-    from bench.compress_report import write_report
-
     print(f"\nReport: {write_report(settings, plan(settings), output, args.report())}")
     if failures:
         sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
@@ -219,8 +111,6 @@ def main() -> None:
 
 def _claim(output: Path, settings: CompressSettings) -> None:
     if settings.task is not None:
-        from bench.measure import task_data
-
         task_data(settings.task, settings.block_size)  # a bad config, or a task too long for the context, fails here
     output.mkdir(parents=True, exist_ok=True)
     settings_file = output / "settings.json"
@@ -238,26 +128,9 @@ def _run_all(settings: CompressSettings, output: Path, jobs: int) -> list[str]:
     return queue.failures
 
 
-def seed_dir(output: Path, seed: int) -> Path:
-    """A seed's folder: its rows' folders and its teachers."""
-    return output / f"seed{seed}"
-
-
-def row_dir(output: Path, row: Row, seed: int) -> Path:
-    """Where a row's run for a seed writes its log and `result.json`."""
-    return seed_dir(output, seed) / row.directory
-
-
 def _family(row: Row, seed: int) -> tuple[int, str]:
     """The rows that start from one teacher: a seed's rows of one model family."""
     return seed, row.model_type
-
-
-def teacher_ready(seed_folder: Path, model_type: str) -> bool:
-    """Whether a seed's teacher of this family is there, its weights and its result (a fresh clone has the
-    committed result alone: the teacher is trained again)."""
-    teacher = seed_folder / TEACHER_DIRS[model_type]
-    return all((teacher / name).is_file() for name in ("teacher_result.json", "model.safetensors"))
 
 
 class _RowQueue:

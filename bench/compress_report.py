@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .compress import PRESETS, CompressSettings, Row, row_dir  # noqa: E402
+from .compress_settings import PRESETS, CompressSettings, Row, row_dir  # noqa: E402
 from .provenance import source_lines  # noqa: E402
 from .report import accuracy_summary, estimate, interval, paired_difference, verdict_cell  # noqa: E402
 

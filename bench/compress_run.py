@@ -22,7 +22,7 @@ from hf_layertie.decisions import DECISIONS
 from hf_layertie.toolkit.models import load_model
 from hf_layertie.trainer import TyingTrainer, TyingTrainingArguments
 
-from .compress import TEACHER_DIRS, CompressSettings, Row, teacher_ready
+from .compress_settings import TEACHER_DIRS, CompressSettings, Row, teacher_ready
 from .measure import RunMeter, build_model, hop_accuracy, process_peak_bytes, study_data
 from .scheduling import write_complete
 

@@ -1,11 +1,14 @@
-"""Checks of user-given settings that raise one `ValueError` naming the setting, its value and what was expected.
+"""Checks of user-given settings that raise one `ValueError` naming the setting, its value and what was expected,
+and `perplexity`, the guarded `exp` of a loss.
 
 Shared by every layer that takes settings (`dlt.AgentConfig`, `dlt.TyingReward`, `TyingTrainingArguments`), so a
-setting is checked, and its error worded, the same way wherever it is given.
+setting is checked, and its error worded, the same way wherever it is given; and by every layer that turns a loss
+into a perplexity (the reward, the model card, the scripts' report), so a diverged loss gives the same number in each.
 """
 
 from __future__ import annotations
 
+import math
 from numbers import Integral, Real
 
 
@@ -31,3 +34,13 @@ def check_choice(name: str, value, choices: tuple[str, ...]) -> None:
     """Raise unless `value` is one of `choices`."""
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(repr(choice) for choice in choices)}, got {value!r}")
+
+
+def perplexity(loss: float) -> float:
+    """`exp(loss)`, and `inf` where that is beyond float range (a loss above ~709.78 nats, a diverged run) instead
+    of the `OverflowError` `math.exp` raises there: the exact value wherever one exists, as the shipped
+    `perplexity_from_nll` metric gives it."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf

@@ -22,10 +22,12 @@ import warnings
 
 import torch
 from torch import nn
-from transformers.utils import ADAPTER_SAFE_WEIGHTS_NAME
+from transformers.utils import ADAPTER_SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from .checks import check_choice, check_integer
-from .models.tied_blocks import TiedBlocksMixin, _is_adapter_layer
+from .models._compat import carries_integrated_adapters, declared_tied_weights
+from .models.adapter_export import is_adapter_layer
+from .models.tied_blocks import TiedBlocksMixin
 
 LORA_INITS = ("svd", "zero")
 ADAPTER_NAME = "default"
@@ -61,7 +63,7 @@ def check_lora_rank(model: TiedBlocksMixin, lora_rank: int, num_distinct: int) -
     adapter_parameters = {
         id(parameter)
         for layer in block.modules()
-        if _is_adapter_layer(layer)
+        if is_adapter_layer(layer)
         for name, parameter in layer.named_parameters()
         if not name.startswith("base_layer.")
     }
@@ -92,7 +94,7 @@ def relax_ties(
     The base weights keep the trainability they had (PEFT would freeze them: relaxed ties train them too). With
     `lora_init="svd"`, each position's LoRA starts from the rank-`lora_rank` truncated SVD of `weights_before[b]`
     (the weights block `b` computed with before its map was applied, by name within the block, as
-    `TrainingRun.block_weights` gives them) minus the weights it shares now; a position whose weights did not
+    `TyingTrainer._block_weights` gives them) minus the weights it shares now; a position whose weights did not
     change keeps PEFT's initialisation (zero update). `"zero"`: PEFT's initialisation everywhere, so the relaxed
     model starts as the tied one. `lora_alpha = lora_rank`: the update is `B @ A`, unscaled, at every rank.
     """
@@ -103,7 +105,7 @@ def relax_ties(
     check_lora_settings(lora_rank, lora_init)
     if lora_init == "svd" and weights_before is None:
         raise ValueError("lora_init='svd' needs weights_before: the weights each block used before its map was applied")
-    if model._carries_integrated_adapters() or model._adapted_blocks():
+    if carries_integrated_adapters(model) or model.adapted_blocks():
         raise ValueError("the model carries PEFT adapters already: relaxed ties add their own to a model without any")
     trainable = {parameter: parameter.requires_grad for parameter in model.parameters()}
     targets = _block_linear_modules(model)
@@ -133,7 +135,7 @@ def _block_linear_modules(model: TiedBlocksMixin) -> dict[str, nn.Module]:
 
 def _base_linear_layers(block: nn.Module) -> dict[str, nn.Module]:
     """`block`'s linear layers as they are without adapters: a layer PEFT wraps counts as its base layer."""
-    wrapped = [name for name, module in block.named_modules() if _is_adapter_layer(module)]
+    wrapped = [name for name, module in block.named_modules() if is_adapter_layer(module)]
     layers = {name: block.get_submodule(name).base_layer for name in wrapped}
     for name, module in block.named_modules():
         if _is_linear(module) and name not in wrapped and not any(name.startswith(f"{outer}.") for outer in wrapped):
@@ -150,7 +152,7 @@ def _is_linear(module: nn.Module) -> bool:
 def _initialise_from_residuals(model: TiedBlocksMixin, weights_before: dict, rank: int) -> None:
     for block, module in enumerate(model.tied_blocks):
         for name, layer in module.named_modules():
-            if not _is_adapter_layer(layer):
+            if not is_adapter_layer(layer):
                 continue
             shared = layer.base_layer.weight
             residual = weights_before[block][f"{name}.weight"].to(shared.device, torch.float32) - shared.float()
@@ -185,13 +187,13 @@ def load_relaxed_weights(model: TiedBlocksMixin, folder: str) -> None:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    base_names = model._base_state_names(model.state_dict())
+    base_names = model.base_state_names(model.state_dict())
     actual_names = {base_name: name for name, base_name in base_names.items()}
     loaded = {}
     for file in _weight_files(folder):
         loaded.update({actual_names.get(key, key): value for key, value in load_file(file).items()})
     result = model.load_state_dict(loaded, strict=False)
-    tied = set(getattr(model, "all_tied_weights_keys", {}))
+    tied = set(declared_tied_weights(model))
     missing = [key for key in result.missing_keys if key in base_names and base_names[key] not in tied]
     if missing or result.unexpected_keys:
         raise ValueError(f"{folder} does not hold this model's base weights (missing {missing[:5]}, unexpected {result.unexpected_keys[:5]})")
@@ -212,16 +214,16 @@ def load_relaxed_weights(model: TiedBlocksMixin, folder: str) -> None:
 def _zero_updates(model: TiedBlocksMixin) -> None:
     """Every LoRA's update `B @ A` zero, as PEFT initialises it: `B` zero, `A` kept so that `B` can learn."""
     for layer in model.tied_blocks.modules():
-        if _is_adapter_layer(layer):
+        if is_adapter_layer(layer):
             layer.lora_B[ADAPTER_NAME].weight.zero_()
 
 
 def _weight_files(folder: str) -> list[str]:
-    index = os.path.join(folder, "model.safetensors.index.json")
+    index = os.path.join(folder, SAFE_WEIGHTS_INDEX_NAME)
     if os.path.isfile(index):
         with open(index) as file:
             return [os.path.join(folder, name) for name in sorted(set(json.load(file)["weight_map"].values()))]
-    single = os.path.join(folder, "model.safetensors")
+    single = os.path.join(folder, SAFE_WEIGHTS_NAME)
     if not os.path.isfile(single):
-        raise FileNotFoundError(f"{folder} has no model.safetensors (nor its index): not a saved model with adapters")
+        raise FileNotFoundError(f"{folder} has no {SAFE_WEIGHTS_NAME} (nor its index): not a saved model with adapters")
     return [single]

@@ -1,7 +1,9 @@
 """bench/run_bench.py: the tiny preset end to end, as a user types it (every strategy and seed, paired statistics,
 budgets held, memory over depth, plots, resumption), and its argument checks."""
 
+import ast
 import dataclasses
+import graphlib
 import json
 import math
 import os
@@ -389,6 +391,35 @@ def test_bad_flags_are_named(flags, named):
         resolve_settings(BenchArguments(**{"preset": "tiny", **flags}))
 
 
+# ----- the bench modules together -----
+
+
+def bench_imports(path: Path) -> set[str]:
+    """The bench modules `path` imports, at its top or inside a function (`from .x`, `from bench.x`, `import bench.x`)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [f"bench.{node.module}" if node.level == 1 else node.module or ""]
+        else:
+            continue
+        found |= {name.split(".")[1] for name in names if name.startswith("bench.")}
+    return found
+
+
+def test_no_bench_modules_import_each_other_in_a_circle():
+    """A script's shared settings and row layout live in a module of their own (`settings.py` for the study,
+    `compress_settings.py` for compression) that its runner and its report import, not in the script."""
+    modules = {path.stem: path for path in (REPO_ROOT / "bench").glob("*.py") if path.stem != "__init__"}
+    graph = {name: bench_imports(path) & modules.keys() for name, path in modules.items()}
+    assert graph["compress"] >= {"compress_settings", "compress_run", "compress_report"}  # the parser sees them
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as error:
+        pytest.fail(f"bench modules import each other in a circle: {' -> '.join(error.args[1])}")
+
+
 # ----- bench/compress.py -----
 
 COMPRESS_FIELDS = {
@@ -404,8 +435,8 @@ def _compress(results: Path, *flags: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_compress_runs_every_row_at_the_budget_and_a_rerun_trains_nothing(tmp_path):
-    from bench.compress import PRESETS as COMPRESS_PRESETS
-    from bench.compress import plan
+    from bench.compress_settings import PRESETS as COMPRESS_PRESETS
+    from bench.compress_settings import plan
 
     settings = COMPRESS_PRESETS["tiny"]
     completed = _compress(tmp_path, "--jobs", "2")  # the teacher first, then its rows side by side
@@ -439,8 +470,9 @@ def test_compress_runs_every_row_at_the_budget_and_a_rerun_trains_nothing(tmp_pa
 def test_compress_trains_each_missing_teacher_once_and_reports_its_rows_not_run_when_it_fails(tmp_path):
     """A fresh clone holds the teacher row's result but not the teacher's weights: the first unfinished row of the
     family trains the teacher while its other rows wait (two writers of one folder would corrupt it)."""
-    from bench.compress import PRESETS as COMPRESS_PRESETS
-    from bench.compress import TEACHER_DIRS, _RowQueue, plan
+    from bench.compress import _RowQueue
+    from bench.compress_settings import PRESETS as COMPRESS_PRESETS
+    from bench.compress_settings import TEACHER_DIRS, plan
     from bench.scheduling import Job
 
     rows = plan(COMPRESS_PRESETS["tiny"])

@@ -76,3 +76,26 @@ def test_a_run_resumed_on_two_ranks_rewards_its_pending_decision_as_the_uninterr
         assert full["records"] == resumed["records"], (full["records"], resumed["records"])
         for name, tensor in full["state_dict"].items():
             assert torch.equal(tensor, resumed["state_dict"][name]), f"rank {rank}: {name} differs after resuming"
+
+
+def test_the_ddp_wrappers_comm_hook_own_hooks_and_settings_survive_reties_on_two_ranks(tmp_path):
+    launch([str(REPO / "tests" / "scripts" / "ddp_comm_hook_run.py"), str(tmp_path)], cwd=tmp_path)
+    rank0, rank1 = (torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1))
+    assert rank0["world_size"] == rank1["world_size"] == 2
+    maps = [tying_map for _, tying_map in rank0["maps"]]
+    changes = sum(before != after for before, after in zip([[0, 0, 0, 0]] + maps, maps))
+    assert changes >= 3, rank0["maps"]  # each change rebuilt the wrapper
+    for rank in (rank0, rank1):
+        # A counting comm hook and a forward pre-hook registered on the Trainer's wrapper before the first step ran at
+        # every one of the 12 steps, those after each re-tie included.
+        assert sorted(set(rank["hook_steps"])) == list(range(12)), (rank["maps"], rank["hook_steps"])
+        assert rank["forward_steps"] == list(range(12)), (rank["maps"], rank["forward_steps"])
+        # Construction arguments (bucket caps with the small default first bucket, buffer syncing, ...) are unchanged.
+        assert rank["settings_end"] == rank["settings_begin"]
+        assert rank["settings_end"]["comm_hook"] == "counting_hook"
+        # A PowerSGD hook, whose per-bucket memories cannot follow a re-tie, is refused before the first step.
+        message, step = rank["refusal"]
+        assert "PowerSGD" in message and step == 0
+    assert rank0["maps"] == rank1["maps"]
+    for name, tensor in rank0["state_dict"].items():
+        assert torch.equal(tensor, rank1["state_dict"][name]), f"ranks differ in {name}"

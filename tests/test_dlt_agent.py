@@ -33,6 +33,19 @@ def controller(num_blocks, random_actions=False, variant="default", seed=0, **co
     return TyingController(make_agent(num_blocks, config, random_actions), TyingReward.for_variant(config.dlt_variant))
 
 
+def decide_in_turn(run, problem, indices, planned, tying_map, window_loss=None):
+    """`run_synthetic`'s loop over decision numbers `indices`, keeping what it returns: the proposals, the outcomes
+    of those before them, and the last map and window loss."""
+    proposals, outcomes = [], []
+    for index in indices:
+        outcome, proposal = run.decide(index, tying_map, planned, window_loss)
+        proposals.append(proposal)
+        outcomes += [outcome] if outcome is not None else []
+        tying_map = proposal.new_map
+        window_loss = problem.window_loss(tying_map, index)
+    return proposals, outcomes, tying_map, window_loss
+
+
 def solved(num_blocks, num_distinct, decisions, seeds, random_actions=False, **config):
     """How many of `seeds` paired problems end on their best map, and the mean agreement of the final maps."""
     found, agreement = 0, 0.0
@@ -60,9 +73,9 @@ def test_under_a_cap_the_default_agent_still_finds_the_best_map_and_never_exceed
     for seed in range(6):
         problem = SyntheticTyingProblem.random(12, 4, seed=1000 + seed)
         run = controller(12, max_distinct_blocks=4, seed=seed)
-        final = run_synthetic(run, problem, decisions=600)
+        proposals, _, final, _ = decide_in_turn(run, problem, range(600), 600, TyingMap([0] * 12))
         found += final == problem.best_map
-        assert max(row["distinct_blocks"] for row in run.rows) <= 4
+        assert max(proposal.new_map.num_distinct for proposal in proposals) <= 4
     assert found >= 3, found  # measured: 16 of 20 over seeds 0-19
 
 
@@ -152,23 +165,19 @@ def test_same_seed_same_decisions_and_the_global_rng_is_untouched():
 def test_a_restored_controller_continues_exactly_as_the_uninterrupted_one(variant):
     problem_settings = dict(num_blocks=6, num_distinct=2, seed=4)
     full = controller(6, variant=variant, seed=1)
-    run_synthetic(full, SyntheticTyingProblem.random(**problem_settings), 80)
+    full_problem = SyntheticTyingProblem.random(**problem_settings)
+    expected, expected_outcomes, _, window_loss = decide_in_turn(full, full_problem, range(80), 80, TyingMap([0] * 6))
+    expected_outcomes.append(full.finish(window_loss))
 
     problem = SyntheticTyingProblem.random(**problem_settings)
     first = controller(6, variant=variant, seed=1)
-    tying_map, window_loss = TyingMap([0] * 6), None
-    for index in range(30):
-        tying_map = TyingMap(first.decide(index, tying_map, 80, window_loss)[1]["map"])
-        window_loss = problem.window_loss(tying_map, index)
-    state = first.state_dict()
+    proposals, outcomes, tying_map, window_loss = decide_in_turn(first, problem, range(30), 80, TyingMap([0] * 6))
     second = controller(6, variant=variant, seed=1)
-    second.load_state_dict(state)
-    for index in range(30, 80):
-        tying_map = TyingMap(second.decide(index, tying_map, 80, window_loss)[1]["map"])
-        window_loss = problem.window_loss(tying_map, index)
-    second.finish(window_loss)
-    assert [row["map"] for row in second.rows] == [row["map"] for row in full.rows]
-    assert [row["reward"] for row in second.rows] == pytest.approx([row["reward"] for row in full.rows])
+    second.load_state_dict(first.state_dict())
+    more, more_outcomes, _, window_loss = decide_in_turn(second, problem, range(30, 80), 80, tying_map, window_loss)
+    outcomes += more_outcomes + [second.finish(window_loss)]
+    assert [proposal.new_map for proposal in proposals + more] == [proposal.new_map for proposal in expected]
+    assert [outcome.reward for outcome in outcomes] == pytest.approx([outcome.reward for outcome in expected_outcomes])
 
 
 def test_a_state_from_another_agent_is_refused():
@@ -179,18 +188,20 @@ def test_a_state_from_another_agent_is_refused():
         controller(6).load_state_dict({"agent": {}})
 
 
-def test_every_row_carries_its_own_decisions_reward_and_non_finite_losses_are_skipped():
+def test_every_outcome_is_its_own_proposals_and_non_finite_losses_are_skipped():
     run = controller(4, seed=0)
-    maps = []
+    outcomes = []
     tying_map = TyingMap([0] * 4)
     for index, loss in enumerate([None, 3.0, math.nan, 2.0]):
-        maps.append(run.decide(index, tying_map, 10, loss)[1]["map"])
-        tying_map = TyingMap(maps[-1])
-    completed = run.finish(1.5)
-    assert [row["loss"] for row in run.rows] == [3.0, None, 2.0, 1.5]
-    assert [row["reward"] for row in run.rows] == [-3.0, None, -2.0, -1.5]
-    assert run.rows[1]["q_error"] is None  # the NaN reward taught the agent nothing
-    assert [row["map"] for row in run.rows] == maps and completed is run.rows[-1]
+        outcome, proposal = run.decide(index, tying_map, 10, loss)
+        assert (outcome is None) == (index == 0)  # nothing pending before the first proposal
+        outcomes += [outcome] if outcome is not None else []
+        tying_map = proposal.new_map
+    outcomes.append(run.finish(1.5))
+    assert [outcome.loss for outcome in outcomes] == [3.0, None, 2.0, 1.5]
+    assert [outcome.reward for outcome in outcomes] == [-3.0, None, -2.0, -1.5]
+    assert outcomes[1].q_error is None  # the NaN reward taught the agent nothing
+    assert run.finish(1.0) is None and run.pending is None
 
 
 # --- the paper variant, faithful to the authors' code -------------------------------------------------

@@ -16,7 +16,7 @@ ALLOWED = {
     "decisions": {"dlt", "block_similarity", "relaxed_ties", "models", "checks"},
     "trainer": {"decisions", "dlt", "block_similarity", "relaxed_ties", "models", "model_card", "checks"},
     "toolkit": {"trainer", "models", "data"},
-    "language_modeling": {"toolkit", "trainer", "models", "data", "metrics"},
+    "language_modeling": {"toolkit", "trainer", "models", "data", "metrics", "checks"},
     "lambada": {"toolkit", "trainer", "models", "data", "metrics"},
 }
 

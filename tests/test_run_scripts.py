@@ -1,12 +1,15 @@
 """run_clm.py, run_mlm.py and run_lambada.py end to end on tiny settings, and their errors on bad input."""
 
 import csv
+import importlib
 import json
 import math
 import shutil
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+from transformers.utils import is_flash_attn_2_available
 
 from hf_layertie.data import LAMBADA_TEST_FILE
 from hf_layertie.data.embedded import SHAKESPEARE_DIR
@@ -294,6 +297,78 @@ def test_masked_lm_with_a_tokenizer_without_mask_or_pad_token_is_rejected(tmp_pa
     flags = tiny_flags(tmp_path, text_files, TINY_BERT, "--tokenizer_name", str(embedded_tokenizer_dir("gpt2")))
     with pytest.raises(ValueError, match="masked language modeling needs a tokenizer with a mask token and a pad token"):
         run(MASKED_LM, flags)
+
+
+@pytest.fixture
+def loaded_models(monkeypatch):
+    """The models the workflow builds, kept (its `load_model` wrapped) to be looked at once they trained."""
+    workflow = importlib.import_module("hf_layertie.language_modeling.run")  # the module, not the `run` it exports
+    load_model, models = workflow.load_model, []
+
+    def load_and_keep(*args, **kwargs):
+        models.append(load_model(*args, **kwargs))
+        return models[-1]
+
+    monkeypatch.setattr(workflow, "load_model", load_and_keep)
+    return models
+
+
+@pytest.mark.parametrize(
+    "flag, value, dtype, attention",
+    [
+        ("--torch_dtype", "float32", torch.float32, "sdpa"),
+        ("--torch_dtype", "bfloat16", torch.bfloat16, "sdpa"),
+        ("--attn_implementation", "eager", torch.float32, "eager"),
+        ("--attn_implementation", "sdpa", torch.float32, "sdpa"),
+    ],
+)
+def test_a_model_from_scratch_trains_under_the_dtype_and_attention_asked(
+    tmp_path, text_files, loaded_models, flag, value, dtype, attention
+):
+    metrics = run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2, "--max_steps", "10", flag, value))
+    (model,) = loaded_models
+    assert {parameter.dtype for parameter in model.parameters()} == {dtype}
+    assert model.config._attn_implementation == attention
+    assert json.loads((tmp_path / "trainer_state.json").read_text())["global_step"] == 10
+    assert math.isfinite(metrics["eval_loss"])
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == str(dtype).removeprefix("torch.")
+
+
+@pytest.mark.parametrize(
+    "flags, dtype, attention",
+    [
+        (["--torch_dtype", "auto"], torch.bfloat16, "sdpa"),  # the checkpoint's own
+        (["--torch_dtype", "float32", "--attn_implementation", "eager"], torch.float32, "eager"),
+    ],
+)
+def test_a_checkpoint_loads_under_the_dtype_and_attention_asked(tmp_path, text_files, clm_run, loaded_models, flags, dtype, attention):
+    checkpoint, _ = clm_run
+    AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    evaluation = ["--validation_file", str(text_files / "validation.txt"), "--block_size", "32", "--max_eval_samples", "2"]
+    common = ["--model_name_or_path", str(tmp_path / "bf16"), "--tokenizer_name", str(checkpoint), *evaluation]
+    run(CAUSAL_LM, [*common, "--output_dir", str(tmp_path / "o"), "--do_eval", "--report_to", "none", *flags])
+    (model,) = loaded_models
+    assert {parameter.dtype for parameter in model.parameters()} == {dtype}
+    assert model.config._attn_implementation == attention
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--torch_dtype", "float64", "--torch_dtype 'float64': expected one of auto, bfloat16, float16, float32"),
+        ("--attn_implementation", "flash", "--attn_implementation 'flash': expected one of eager, sdpa, flash_attention_2"),
+        pytest.param(
+            "--attn_implementation",
+            "flash_attention_2",
+            "--attn_implementation flash_attention_2 needs the flash-attn package",
+            marks=pytest.mark.skipif(is_flash_attn_2_available(), reason="flash-attn can run here"),
+        ),
+    ],
+)
+def test_a_dtype_or_attention_that_cannot_load_is_refused_naming_its_flag(tmp_path, text_files, loaded_models, flag, value, message):
+    with pytest.raises(ValueError, match=message):
+        run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2, flag, value))
+    assert loaded_models == []  # refused with the arguments, before any model is built
 
 
 @pytest.fixture(scope="module")

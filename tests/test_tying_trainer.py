@@ -13,8 +13,11 @@ from safetensors.torch import load_file
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
 
 from hf_layertie import TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
+from hf_layertie.decisions import Decision, Observation, SimilarityDecisions
 from hf_layertie.dlt import PaperAgent
+from hf_layertie.models import TyingMap
 from hf_layertie.trainer import TYING_HISTORY_NAME, TYING_PLOT_NAME, TYING_STATE_NAME
+from hf_layertie.trainer.checkpoint_format import read_tying_state, write_tying_state
 
 
 def tiny_model(num_blocks=4, seed=0):
@@ -326,6 +329,52 @@ def test_resume_from_checkpoint_equals_the_uninterrupted_run(tmp_path):
         torch.testing.assert_close(final[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
     history = [json.loads(line) for line in (tmp_path / "resumed" / TYING_HISTORY_NAME).read_text().splitlines()]
     assert_records_close(history, uninterrupted.tying_records)
+
+
+def test_a_static_checkpoint_written_without_a_pending_row_still_resumes(tmp_path):
+    # Static and similarity checkpoints kept their decisions as {"rows": [...]} alone before `TyingHistory` kept
+    # every strategy's decisions; those checkpoints load as they are.
+    overrides = dict(tying_strategy="static:cycle:2", max_steps=4, save_strategy="steps", save_steps=2)
+    uninterrupted = make_trainer(tmp_path / "full", **overrides)
+    uninterrupted.train()
+    checkpoint = tmp_path / "full" / "checkpoint-2"
+    state = read_tying_state(str(checkpoint))
+    del state["decisions"]["pending_row"]
+    write_tying_state(str(checkpoint), state)
+
+    resumed = make_trainer(tmp_path / "resumed", **overrides)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.tying_records == uninterrupted.tying_records and len(resumed.tying_records) == 1
+
+
+def test_a_strategy_decides_from_what_it_observes_and_returns_the_decision_on_the_main_process():
+    args = tying_args("unused", tying_strategy="similarity:2")
+    strategy = SimilarityDecisions(args, num_blocks=4)
+
+    def observation(is_main_process):
+        def unavailable(*_):
+            raise AssertionError("similarity measures the blocks only")
+
+        return Observation(
+            step=0,
+            max_steps=24,
+            tying_map=TyingMap([0, 1, 2, 3]),
+            current=None,
+            is_main_process=is_main_process,
+            process_index=0 if is_main_process else 1,
+            num_processes=2,
+            held_out_loss=unavailable,
+            block_distances=lambda: [0.0, 0.1, 0.9, 0.1],
+            mean_over_processes=unavailable,
+            gather=unavailable,
+        )
+
+    assert strategy.is_due(0, current=None)
+    decision = strategy.decide(observation(is_main_process=True))
+    assert isinstance(decision, Decision) and decision.map_after.num_distinct == 2
+    assert decision.map_before == TyingMap([0, 1, 2, 3]) and decision.angular_distances == [0.0, 0.1, 0.9, 0.1]
+    assert decision.completed and not strategy.is_due(1, current=decision)
+    assert strategy.decide(observation(is_main_process=False)) is None  # the trainer sends the main process's
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
-"""Tying strategies, each one class owning its decisions (`TyingDecisions`), chosen by `tying_strategy`."""
+"""Tying strategies, each one class deciding from what it observes (`TyingDecisions`), chosen by `tying_strategy`."""
 
 from .agent import AgentDecisions, RandomDecisions
-from .base import TrainingRun, TyingDecisions
+from .base import Decision, Observation, TyingDecisions, split_strategy
 from .fixed import SimilarityDecisions, StaticDecisions
 
 # Every strategy by the word that selects it in `tying_strategy` ("dlt", "static:cycle:4", ...).
@@ -12,9 +12,11 @@ DECISIONS: dict[str, type[TyingDecisions]] = {
 __all__ = [
     "DECISIONS",
     "AgentDecisions",
+    "Decision",
+    "Observation",
     "RandomDecisions",
     "SimilarityDecisions",
     "StaticDecisions",
-    "TrainingRun",
     "TyingDecisions",
+    "split_strategy",
 ]

@@ -1,71 +1,148 @@
-"""`TyingDecisions`: the one interface every tying strategy implements, and `TrainingRun`, what it may ask of
-the training loop.
+"""`TyingDecisions`, the interface every tying strategy implements; `Observation`, what a strategy sees of the run;
+`Decision`, what it returns.
 
-A strategy owns the whole life of its decisions: when one is due, what it is (proposed on the main process and
-sent to the others), its application (through `TrainingRun.apply`), its reward, its log row, and the state a
-checkpoint keeps of it. `TyingTrainer` only calls these methods; a new strategy is one subclass and one entry
-in `hf_layertie.decisions.DECISIONS`.
+A strategy is a function of what it observes: `TyingTrainer` calls `start`, `decide` (when `is_due`) and `finish`
+with an `Observation` and applies, logs and checkpoints what comes back, in one place. A strategy never changes the
+run itself: its observation holds read-only values and measurements (of the model: `held_out_loss`,
+`block_distances`; over the processes: `mean_over_processes`, `gather`). `decide` runs on every process (the
+measurements over processes are collective) and returns the decision on the main process only; the trainer sends it
+to the others. A new strategy is one subclass and one entry in `hf_layertie.decisions.DECISIONS`.
 """
 
 from __future__ import annotations
 
-import copy
-from contextlib import AbstractContextManager
-from typing import Any, ClassVar, Protocol
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 
+from ..dlt import Outcome
 from ..models.tying_map import TyingMap
 
 
-class TrainingRun(Protocol):
-    """The training loop as a strategy sees it (`TyingTrainer` provides it)."""
+def split_strategy(tying_strategy: str) -> tuple[str, str]:
+    """`tying_strategy`'s mode and its argument: `"static:cycle:4"` -> `("static", "cycle:4")`, `"dlt"` -> `("dlt", "")`."""
+    mode, _, argument = str(tying_strategy).partition(":")
+    return mode, argument
 
-    step: int  # the optimizer step about to be taken
+
+@dataclass(frozen=True)
+class Decision:
+    """A strategy's tying decision, as the trainer applies, logs and checkpoints it. (A `dlt`/`random` decision is
+    made from the agent's own proposal, `hf_layertie.dlt.Proposal`, which knows nothing of training.)
+
+    Args:
+        index: its number in the run's history; None for a map applied outside it (the agent's starting map).
+        step: the optimizer step from which its map holds.
+        map_after: the map it sets.
+        map_before: the map it replaces (None when restored from a checkpoint's log, which keeps `map_after` only).
+        block, source, explored, epsilon: an agent's action (`block` takes `source`'s weights, drawn at random if
+            `explored`, with exploration probability `epsilon`); None for other strategies.
+        angular_distances: `similarity:U`: each block's distance the map was chosen from.
+        tie_init, lora_rank, lora_init: how the trainer ties the groups (`TiedBlocksMixin.retie`) and relaxes the
+            ties (`hf_layertie.relaxed_ties.relax_ties`).
+        untie_to_start: blocks the map unties take back the weights they had when training started (`untie_init="own"`).
+        awaits_outcome: its outcome (window loss and reward) comes with the next decision, or at the end of training.
+        outcome: that outcome, once known.
+        previous_outcome: the outcome of the decision this one replaces, known now.
+        trainable_parameters, block_parameters: the model's counts once the trainer applied it.
+        seconds: wall time the strategy spent on it, by part of the tying overhead ("reward", "decision").
+    """
+
+    index: int | None
+    step: int
+    map_after: TyingMap
+    map_before: TyingMap | None = None
+    block: int | None = None
+    source: int | None = None
+    explored: bool | None = None
+    epsilon: float | None = None
+    angular_distances: list[float] | None = None
+    tie_init: str = "root"
+    lora_rank: int | None = None
+    lora_init: str | None = None
+    untie_to_start: bool = False
+    awaits_outcome: bool = False
+    outcome: Outcome | None = None
+    previous_outcome: Outcome | None = None
+    trainable_parameters: int | None = None
+    block_parameters: int | None = None
+    seconds: dict[str, float] = field(default_factory=dict, compare=False)
+
+    @property
+    def completed(self) -> bool:
+        """Whether everything about it is known (what `tying_history.jsonl` holds)."""
+        return not self.awaits_outcome or self.outcome is not None
+
+    def to_row(self) -> dict:
+        """Its JSON-ready log row: `index`, `step`, the action, `map`, `map_text`, `distinct_blocks`, the parameter
+        counts, `angular_distances` (similarity), then the outcome: `loss`, `reward`, `advantage`, `q_error`."""
+        row = {"index": self.index, "step": self.step}
+        if self.block is not None:
+            row.update(block=self.block, source=self.source, explored=self.explored, epsilon=self.epsilon)
+        row.update(
+            map=self.map_after.to_list(),
+            map_text=self.map_after.render(),
+            distinct_blocks=self.map_after.num_distinct,
+            trainable_parameters=self.trainable_parameters,
+            block_parameters=self.block_parameters,
+        )
+        if self.angular_distances is not None:
+            row["angular_distances"] = list(self.angular_distances)
+        if self.outcome is not None:
+            row.update(dataclasses.asdict(self.outcome))
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict, pending: bool = False) -> Decision:
+        """The decision a log row describes (`to_row`; `pending`: it awaits its outcome)."""
+        outcome = None
+        if "reward" in row:
+            outcome = Outcome(**{name.name: row[name.name] for name in dataclasses.fields(Outcome)})
+        action = {name: row[name] for name in ("block", "source", "explored", "epsilon") if name in row}
+        return cls(
+            index=row["index"],
+            step=row["step"],
+            map_after=TyingMap(row["map"]),
+            **action,
+            angular_distances=row.get("angular_distances"),
+            awaits_outcome=pending or outcome is not None,
+            outcome=outcome,
+            trainable_parameters=row.get("trainable_parameters"),
+            block_parameters=row.get("block_parameters"),
+        )
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The run as a strategy sees it when the trainer calls it: values, and measurements that change nothing.
+
+    Args:
+        step: the optimizer step about to be taken.
+        max_steps: the run's optimizer steps (0 before training starts).
+        tying_map: the model's map now (None for a model without tied blocks).
+        current: the last decision of the run's history (None before the first).
+        is_main_process, process_index, num_processes: where this process stands.
+        held_out_loss: the loss of the fixed held-out reward batch (main process only).
+        block_distances: each block's angular distance on the current batch (`hf_layertie.block_similarity`; main
+            process only).
+        mean_over_processes: the mean of a value over processes (collective: every process calls it).
+        gather: a value of every process, by rank (collective).
+    """
+
+    step: int
     max_steps: int
-    tying_map: TyingMap  # the model's map now
+    tying_map: TyingMap | None
+    current: Decision | None
     is_main_process: bool
     process_index: int
     num_processes: int
-
-    def timed(self, part: str) -> AbstractContextManager:
-        """Charge the wall time of a block to `part` of the tying overhead."""
-
-    def broadcast(self, message: Any) -> Any:
-        """The main process's `message` on every process (collective)."""
-
-    def mean_over_processes(self, value: float) -> float:
-        """The mean of `value` over processes (collective)."""
-
-    def gather(self, value: float) -> list[float]:
-        """`value` of every process, by rank (collective)."""
-
-    def held_out_loss(self) -> float:
-        """The loss of the fixed held-out reward batch (main process only)."""
-
-    def block_distances(self) -> list[float]:
-        """Each block's angular distance on the current batch (`hf_layertie.block_similarity`; main process only)."""
-
-    def apply(
-        self,
-        tying_map: TyingMap,
-        tie_init: str = "root",
-        untied_weights: dict[int, dict[str, torch.Tensor]] | None = None,
-        lora_rank: int | None = None,
-        lora_init: str | None = None,
-    ) -> dict:
-        """Re-tie the model (with its optimizer and DDP wrapper) and return the map's fields for a log row.
-
-        `tie_init` as in `TiedBlocksMixin.retie`; `untied_weights[b]`, when given, replaces the weights of every block
-        `b` the map unties (with fresh optimizer state); `lora_rank` then relaxes the ties
-        (`hf_layertie.relaxed_ties.relax_ties` with `lora_init`), adding the adapters to the optimizer if it exists."""
-
-    def block_weights(self) -> dict[int, dict[str, torch.Tensor]]:
-        """A CPU copy of the weights every block computes with now, by block and name (blocks that share weights
-        share one copy)."""
-
-    def log(self, completed: dict | None, current: dict | None) -> None:
-        """Log a decision whose outcome is known (`completed`) and the decision now in force (`current`)."""
+    held_out_loss: Callable[[], float]
+    block_distances: Callable[[], list[float]]
+    mean_over_processes: Callable[[float], float]
+    gather: Callable[[float], list[float]]
 
 
 class TyingDecisions:
@@ -88,46 +165,39 @@ class TyingDecisions:
     def __init__(self, args, num_blocks: int):
         self.args = args
         self.num_blocks = num_blocks
-        self.rows: list[dict] = []
 
     @classmethod
-    def resolve_arguments(cls, args) -> None:
-        """Check this strategy's settings (and fill defaults that depend on other settings) once the
-        `TyingTrainingArguments` `args` have refused the settings it does not read and filled `settings`' defaults."""
+    def resolved_settings(cls, args) -> dict[str, Any]:
+        """The value of every setting the strategy reads, checked: `args`' own, else its default (from `settings`,
+        or from other settings, e.g. `agent_seed` from `seed`). `args` are read, never written:
+        `TyingTrainingArguments` takes these values once it has refused the settings the strategy does not read."""
+        return {name: default if getattr(args, name) is None else getattr(args, name) for name, default in cls.settings.items()}
 
-    @property
-    def records(self) -> list[dict]:
-        """Every decision of the run in order, the one in force included: which map held from which step."""
-        return list(self.rows)
-
-    @property
-    def completed_rows(self) -> list[dict]:
-        """The decisions whose outcome is known (what `tying_history.jsonl` holds)."""
-        return list(self.rows)
-
-    def start(self, run: TrainingRun) -> None:
-        """Called once the trainer is built: apply the map training starts from, if the strategy has one."""
+    def start(self, observation: Observation) -> Decision | None:
+        """The map training starts from, if the strategy has one (on every process: the same everywhere)."""
+        return None
 
     def check_run(self, max_steps: int) -> None:
         """Called before the first step, when the run's length is known: refuse a run the strategy cannot serve."""
 
-    def is_due(self, step: int) -> bool:
-        """Whether a decision is taken before optimizer step `step`."""
+    def is_due(self, step: int, current: Decision | None) -> bool:
+        """Whether a decision is taken before optimizer step `step`; `current` is the last one taken."""
         return False
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         """Every training micro-batch's loss (as the Trainer returns it)."""
 
-    def decide(self, run: TrainingRun) -> None:
-        """Take the decision that is due, on every process at the same step."""
+    def decide(self, observation: Observation) -> Decision | None:
+        """The decision that is due: called on every process at the same step, returned on the main process."""
         raise NotImplementedError(f"{type(self).__name__} takes no decisions")
 
-    def finish(self, run: TrainingRun) -> None:
-        """Training ended: complete what is still open (the last decision's reward)."""
+    def finish(self, observation: Observation) -> Outcome | None:
+        """Training ended: the outcome of the current decision, if it awaits one (returned on the main process)."""
+        return None
 
-    def state_dict(self, run: TrainingRun) -> dict:
-        """What a checkpoint keeps; may be collective (every process calls it)."""
-        return {"rows": copy.deepcopy(self.rows)}
+    def state_dict(self, observation: Observation) -> dict:
+        """What a checkpoint keeps besides the run's decisions (which the trainer keeps); may be collective."""
+        return {}
 
-    def load_state_dict(self, state: dict, run: TrainingRun) -> None:
-        self.rows = copy.deepcopy(state["rows"])
+    def load_state_dict(self, state: dict, observation: Observation) -> None:
+        """Restore what `state_dict` returned."""

@@ -2,39 +2,46 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 from ..block_similarity import similarity_tying_map
 from ..checks import check_choice, check_integer
 from ..models.configuration_tying import TIE_INITS
 from ..models.tying_map import TyingMap
 from ..models.tying_strategies import check_static_spec, resolve_tying_map
 from ..relaxed_ties import check_lora_settings
-from .base import TrainingRun, TyingDecisions
+from .base import Decision, Observation, TyingDecisions, split_strategy
 
 
 class _OneDecision(TyingDecisions):
-    """A strategy whose one decision is logged as the run's single row."""
+    """A strategy whose one decision is the run's single row."""
 
     needs_tied_model = True
     settings = {"tie_init": "root", "lora_rank": None, "lora_init": None}
 
     @classmethod
-    def resolve_arguments(cls, args) -> None:
-        check_choice("tie_init", args.tie_init, TIE_INITS)
-        if args.lora_rank is not None and args.lora_init is None:
-            args.lora_init = "svd"
-        check_lora_settings(args.lora_rank, args.lora_init)
+    def resolved_settings(cls, args) -> dict[str, Any]:
+        values = super().resolved_settings(args)
+        check_choice("tie_init", values["tie_init"], TIE_INITS)
+        if values["lora_rank"] is not None and values["lora_init"] is None:
+            values["lora_init"] = "svd"
+        check_lora_settings(values["lora_rank"], values["lora_init"])
+        return values
 
-    @property
-    def argument(self) -> str:
-        """What follows `static:` or `similarity:` in `tying_strategy`."""
-        return self.args.tying_strategy.partition(":")[2]
-
-    def _apply(self, run: TrainingRun, tying_map: TyingMap, **extra) -> None:
+    def _decision(self, observation: Observation, tying_map: TyingMap, **fields) -> Decision:
+        """The one decision: `tying_map` from the current step, its groups started by `tie_init`, relaxed by `lora_rank`."""
         args = self.args
-        fields = run.apply(tying_map, tie_init=args.tie_init, lora_rank=args.lora_rank, lora_init=args.lora_init)
-        row = {"index": len(self.rows), "step": run.step, **fields, **extra}
-        self.rows.append(row)
-        run.log(row, None)
+        return Decision(
+            index=0,
+            step=observation.step,
+            map_before=observation.tying_map,
+            map_after=tying_map,
+            tie_init=args.tie_init,
+            lora_rank=args.lora_rank,
+            lora_init=args.lora_init,
+            **fields,
+        )
 
 
 class StaticDecisions(_OneDecision):
@@ -43,20 +50,21 @@ class StaticDecisions(_OneDecision):
     mode = "static"
 
     @classmethod
-    def resolve_arguments(cls, args) -> None:
-        super().resolve_arguments(args)
-        argument = args.tying_strategy.partition(":")[2]
+    def resolved_settings(cls, args) -> dict[str, Any]:
+        values = super().resolved_settings(args)
+        argument = split_strategy(args.tying_strategy)[1]
         if not argument:
             raise ValueError(f"tying_strategy={args.tying_strategy!r} needs an argument, e.g. 'static:cycle:4' or 'static:0,0,2,2'")
         try:
             check_static_spec(argument)
         except ValueError as error:
             raise ValueError(f"tying_strategy={args.tying_strategy!r}: {error}") from None
+        return values
 
     def __init__(self, args, num_blocks: int):
         super().__init__(args, num_blocks)
         try:
-            self.tying_map = resolve_tying_map(self.argument, num_blocks)
+            self.tying_map = resolve_tying_map(split_strategy(args.tying_strategy)[1], num_blocks)
         except ValueError as error:
             raise ValueError(f"tying_strategy={args.tying_strategy!r} does not fit the model: {error}") from None
 
@@ -65,8 +73,8 @@ class StaticDecisions(_OneDecision):
         """Blocks owning weights under the map (`similarity:U` has U)."""
         return self.tying_map.num_distinct
 
-    def start(self, run: TrainingRun) -> None:
-        self._apply(run, self.tying_map)
+    def start(self, observation: Observation) -> Decision:
+        return self._decision(observation, self.tying_map)
 
 
 class SimilarityDecisions(_OneDecision):
@@ -78,38 +86,39 @@ class SimilarityDecisions(_OneDecision):
     changes_map = True
 
     @classmethod
-    def resolve_arguments(cls, args) -> None:
-        super().resolve_arguments(args)
-        argument = args.tying_strategy.partition(":")[2]
+    def resolved_settings(cls, args) -> dict[str, Any]:
+        values = super().resolved_settings(args)
+        argument = split_strategy(args.tying_strategy)[1]
         if not (argument.isdecimal() and int(argument) >= 1):
             raise ValueError(
                 f"tying_strategy={args.tying_strategy!r}: similarity needs the number of distinct blocks, a positive "
                 f"integer, as in 'similarity:4'"
             )
-        check_integer("similarity_warmup_steps", args.similarity_warmup_steps, minimum=0)
+        check_integer("similarity_warmup_steps", values["similarity_warmup_steps"], minimum=0)
         if args.max_steps > 0:
-            _check_warmup_ends(args.similarity_warmup_steps, args.max_steps)
+            _check_warmup_ends(values["similarity_warmup_steps"], args.max_steps)
+        return values
 
     def __init__(self, args, num_blocks: int):
         super().__init__(args, num_blocks)
-        self.num_distinct = int(self.argument)
+        self.num_distinct = int(split_strategy(args.tying_strategy)[1])
         if self.num_distinct > num_blocks:
             raise ValueError(f"tying_strategy={args.tying_strategy!r} asks for more distinct blocks than the model's {num_blocks}")
 
     def check_run(self, max_steps: int) -> None:
         _check_warmup_ends(self.args.similarity_warmup_steps, max_steps)
 
-    def is_due(self, step: int) -> bool:
-        return step >= self.args.similarity_warmup_steps and not self.rows
+    def is_due(self, step: int, current: Decision | None) -> bool:
+        return step >= self.args.similarity_warmup_steps and current is None
 
-    def decide(self, run: TrainingRun) -> None:
-        with run.timed("decision"):
-            message = None
-            if run.is_main_process:
-                distances = run.block_distances()
-                message = (similarity_tying_map(distances, self.num_distinct).to_list(), distances)
-            entries, distances = run.broadcast(message)
-        self._apply(run, TyingMap(entries), angular_distances=distances)
+    def decide(self, observation: Observation) -> Decision | None:
+        if not observation.is_main_process:
+            return None
+        started = time.perf_counter()
+        distances = observation.block_distances()
+        tying_map = similarity_tying_map(distances, self.num_distinct)
+        seconds = {"decision": time.perf_counter() - started}
+        return self._decision(observation, tying_map, angular_distances=distances, seconds=seconds)
 
 
 def _check_warmup_ends(warmup_steps: int, max_steps: int) -> None:

@@ -1,8 +1,8 @@
 """Dynamic Layer Tying's decision maker, usable without the Trainer: agents, reward, controller, synthetic problem."""
 
-from .agent import AfterstateAgent, Decision, PaperAgent, RandomAgent, TyingAgent, make_agent
+from .agent import AfterstateAgent, PaperAgent, Proposal, RandomAgent, TyingAgent, make_agent
 from .agent_config import VARIANT_DEFAULTS, VARIANTS, AgentConfig
-from .controller import TyingController
+from .controller import Outcome, TyingController
 from .reward import TyingReward
 from .synthetic import SyntheticTyingProblem, run_synthetic
 from .value import AfterstateValue, PaperQNetwork
@@ -13,9 +13,10 @@ __all__ = [
     "AfterstateAgent",
     "AfterstateValue",
     "AgentConfig",
-    "Decision",
+    "Outcome",
     "PaperAgent",
     "PaperQNetwork",
+    "Proposal",
     "RandomAgent",
     "SyntheticTyingProblem",
     "TyingAgent",

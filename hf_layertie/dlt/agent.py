@@ -33,10 +33,11 @@ from .value import AfterstateValue, PaperQNetwork
 
 
 @dataclass(frozen=True)
-class Decision:
-    """One proposal: `block` takes `source`'s weights (`source == block`: independent).
+class Proposal:
+    """What an agent proposes: `block` takes `source`'s weights (`source == block`: independent).
 
-    `index` counts decisions from 0; `explored` tells whether the action was drawn at random.
+    `index` counts decisions from 0; `explored` tells whether the action was drawn at random. Inside training it
+    becomes a `hf_layertie.decisions.Decision`, the strategy-level record the trainer applies and logs.
     """
 
     index: int
@@ -84,8 +85,8 @@ class TyingAgent:
     def _candidate_sources(self, tying_map: TyingMap, block: int) -> list[int]:
         return tying_map.decision_options(block)
 
-    def propose(self, tying_map: TyingMap, index: int, planned_decisions: int) -> Decision:
-        """Decision number `index` (of about `planned_decisions` in the run), epsilon-greedy."""
+    def propose(self, tying_map: TyingMap, index: int, planned_decisions: int) -> Proposal:
+        """Proposal number `index` (of about `planned_decisions` in the run), epsilon-greedy."""
         tying_map = self._checked(tying_map)
         block = self.block_of(index)
         options = self.options(tying_map, block)
@@ -100,13 +101,13 @@ class TyingAgent:
             source = options[int(torch.randint(len(options), (), generator=self.generator))]
         else:
             source = options[int(torch.argmax(self.scores(tying_map, block, options)))]
-        return Decision(index, block, source, explored, epsilon, tying_map, tying_map.with_decision(block, source))
+        return Proposal(index, block, source, explored, epsilon, tying_map, tying_map.with_decision(block, source))
 
     def scores(self, tying_map: TyingMap, block: int, options: list[int]) -> torch.Tensor:
         """How good each option looks to the agent (higher is better)."""
         raise NotImplementedError
 
-    def learn(self, decision: Decision, reward: float) -> float | None:
+    def learn(self, decision: Proposal, reward: float) -> float | None:
         """Learn from the reward of `decision`; returns the squared prediction error, None if nothing was learned.
 
         A NaN or infinite reward (a diverged loss) is skipped: one bad value must not poison the agent.
@@ -115,10 +116,10 @@ class TyingAgent:
             return None
         return self._learn(decision, float(reward))
 
-    def _learn(self, decision: Decision, reward: float) -> float | None:
+    def _learn(self, decision: Proposal, reward: float) -> float | None:
         raise NotImplementedError
 
-    def _next_options(self, decision: Decision) -> tuple[int, list[int]]:
+    def _next_options(self, decision: Proposal) -> tuple[int, list[int]]:
         """The block deciding after `decision`, and its options from the map `decision` reached."""
         block = self.block_of(decision.index + 1)
         return block, self.options(decision.new_map, block)
@@ -155,14 +156,14 @@ class AfterstateAgent(TyingAgent):
     def scores(self, tying_map: TyingMap, block: int, options: list[int]) -> torch.Tensor:
         return self.value.values([tying_map.with_decision(block, source) for source in options])
 
-    def _learn(self, decision: Decision, reward: float) -> float:
+    def _learn(self, decision: Proposal, reward: float) -> float:
         target = reward
         if self.config.q_gamma > 0:
             block, options = self._next_options(decision)
             target += self.config.q_gamma * float(self.scores(decision.new_map, block, options).max())
         return self.value.update(decision.new_map, decision.index, target) ** 2
 
-    def advantage(self, decision: Decision, reward: float) -> float:
+    def advantage(self, decision: Proposal, reward: float) -> float:
         """How much better `reward` was than the fitted trend at that time (what an average map would get)."""
         return reward - self.value.trend(decision.index)
 
@@ -206,7 +207,7 @@ class PaperAgent(TyingAgent):
         with torch.no_grad():
             return self.q_network.block_q_values(tying_map, block)[options]
 
-    def _learn(self, decision: Decision, reward: float) -> float:
+    def _learn(self, decision: Proposal, reward: float) -> float:
         with torch.no_grad():
             bootstrap = self.q_network.block_q_values(decision.new_map, decision.block).max()
         target = reward + self.config.q_gamma * bootstrap
@@ -232,7 +233,7 @@ class RandomAgent(TyingAgent):
     def epsilon(self, index: int, planned_decisions: int) -> float:
         return 1.0
 
-    def _learn(self, decision: Decision, reward: float) -> None:
+    def _learn(self, decision: Proposal, reward: float) -> None:
         return None
 
 

@@ -10,14 +10,15 @@ block's options, the all-tied start) and differ in what learns from the rewards:
   output slice per block, one online TD update per decision (AdamW, MSE), reward `clip(-perplexity, -10, 10)`.
 
 Fields left at `None` take the variant's value from `VARIANT_DEFAULTS`; a field that the variant does not use
-must stay `None`, so that no setting is silently ignored.
+must stay `None`, so that no setting is silently ignored. Each setting is declared once, in `AgentSettings`, which
+both `AgentConfig` and `TyingTrainingArguments` (the command line) inherit.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..checks import check_integer, check_real
 
@@ -46,14 +47,47 @@ VARIANT_DEFAULTS: dict[str, dict[str, float | int]] = {
 _TUNABLE = tuple(sorted({name for defaults in VARIANT_DEFAULTS.values() for name in defaults}))
 
 
+def _variant_help(name: str) -> str:
+    values = [f"{variant}: {table[name]}" for variant, table in VARIANT_DEFAULTS.items() if name in table]
+    return f"None = the variant's value ({'; '.join(values)})."
+
+
+def _setting(help_text: str) -> dataclasses.Field:
+    return field(default=None, metadata={"help": help_text})
+
+
 @dataclass
-class AgentConfig:
+class AgentSettings:
+    """The agent's settings as given, each declared once: `AgentConfig` resolves and checks them, and
+    `TyingTrainingArguments` takes them from the command line under the same names. `None` takes the default
+    (`AgentConfig`); the fields are documented there."""
+
+    dlt_variant: str | None = _setting("the agent, 'default' or 'paper'.")
+    max_distinct_blocks: int | None = _setting("hard cap on blocks owning weights (training memory) at every step.")
+    q_gamma: float | None = _setting(f"discount of future rewards. {_variant_help('q_gamma')}")
+    epsilon_start: float | None = _setting(f"initial exploration rate. {_variant_help('epsilon_start')}")
+    epsilon_min: float | None = _setting(f"exploration floor. {_variant_help('epsilon_min')}")
+    epsilon_decay: float | None = _setting(f"paper agent: exploration factor per sweep. {_variant_help('epsilon_decay')}")
+    exploration_fraction: float | None = _setting(
+        f"default agent: share of decisions over which epsilon falls. {_variant_help('exploration_fraction')}"
+    )
+    q_forgetting: float | None = _setting(f"default agent: least-squares forgetting. {_variant_help('q_forgetting')}")
+    q_ridge: float | None = _setting(f"default agent: prior precision. {_variant_help('q_ridge')}")
+    q_hidden_size: int | None = _setting(f"paper agent: Q-network hidden width. {_variant_help('q_hidden_size')}")
+    q_learning_rate: float | None = _setting(f"paper agent: Q-network learning rate. {_variant_help('q_learning_rate')}")
+    q_weight_decay: float | None = _setting(f"paper agent: Q-network weight decay. {_variant_help('q_weight_decay')}")
+    agent_seed: int | None = _setting("seed of the agent's own generator (default: the run's --seed; AgentConfig alone: 0).")
+
+
+@dataclass
+class AgentConfig(AgentSettings):
     """Settings of `TyingAgent` (see the module docstring for the two variants).
 
-    Every field has the name of its `TyingTrainingArguments` / command-line flag, so one name means one setting.
+    Every field is an `AgentSettings` field, the name of its `TyingTrainingArguments` / command-line flag too, so one
+    name means one setting.
 
     Args:
-        dlt_variant: `"default"` or `"paper"`; picks the value of every field left at `None`.
+        dlt_variant: `"default"` (when `None`) or `"paper"`; picks the value of every field left at `None`.
         max_distinct_blocks: hard cap on blocks that own weights, enforced by removing every option that would
             exceed it, so the training memory never grows past it. `None`: no cap.
         q_gamma: discount of future rewards. default 0.0: with a few hundred decisions bootstrapped targets only
@@ -70,28 +104,16 @@ class AgentConfig:
         q_ridge: default only: prior precision of the least-squares weights (1.0).
         q_hidden_size, q_learning_rate, q_weight_decay: paper only: width of the Q-network's single hidden layer (128)
             and its AdamW settings (1e-3, 0.01), as in the authors' code.
-        agent_seed: seed of the agent's own random generator (initialisation and exploration). 0 here;
+        agent_seed: seed of the agent's own random generator (initialisation and exploration). 0 when `None`;
             `TyingTrainingArguments` passes the run's `--seed` unless `--agent_seed` is given.
 
     Raises:
         ValueError: naming the field, its value and what was expected.
     """
 
-    dlt_variant: str = "default"
-    max_distinct_blocks: int | None = None
-    q_gamma: float | None = None
-    epsilon_start: float | None = None
-    epsilon_min: float | None = None
-    epsilon_decay: float | None = None
-    exploration_fraction: float | None = None
-    q_forgetting: float | None = None
-    q_ridge: float | None = None
-    q_hidden_size: int | None = None
-    q_learning_rate: float | None = None
-    q_weight_decay: float | None = None
-    agent_seed: int = 0
-
     def __post_init__(self):
+        self.dlt_variant = "default" if self.dlt_variant is None else self.dlt_variant
+        self.agent_seed = 0 if self.agent_seed is None else self.agent_seed
         if self.dlt_variant not in VARIANTS:
             raise ValueError(f"dlt_variant must be one of {', '.join(map(repr, VARIANTS))}, got {self.dlt_variant!r}")
         defaults = VARIANT_DEFAULTS[self.dlt_variant]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..checks import check_real
+from ..checks import check_real, perplexity
 from ..models.tying_map import TyingMap
 
 REWARD_KINDS = ("negative_loss", "clipped_negative_perplexity")
@@ -62,5 +62,5 @@ class TyingReward:
         if self.reward_kind == "negative_loss":
             quality = -loss
         else:  # -perplexity is never above 0, so only the lower clip bound can apply
-            quality = max(-10.0, -math.exp(min(loss, 700.0)))
+            quality = max(-10.0, -perplexity(loss))
         return quality - self.reward_block_cost * tying_map.num_distinct

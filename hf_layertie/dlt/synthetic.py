@@ -75,7 +75,7 @@ def run_synthetic(
     tying_map = TyingMap([0] * num_blocks) if start is None else start
     window_loss = None
     for index in range(decisions):
-        tying_map = TyingMap(controller.decide(index, tying_map, decisions, window_loss)[1]["map"])
+        tying_map = controller.decide(index, tying_map, decisions, window_loss)[1].new_map
         window_loss = problem.window_loss(tying_map, index)
     controller.finish(window_loss)
     return tying_map

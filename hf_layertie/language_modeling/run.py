@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from transformers import (
     set_seed,
 )
 
+from ..checks import perplexity
 from ..trainer import TyingTrainer, TyingTrainingArguments, check_resumes_saved_settings
 from ..trainer.checkpoint_format import read_tying_state
 from ..toolkit import (
@@ -182,7 +182,7 @@ def _train_and_evaluate(
     if training_args.do_eval:
         eval_metrics = trainer.evaluate()
         eval_metrics["eval_samples"] = len(eval_dataset)
-        eval_metrics["perplexity"] = _perplexity(eval_metrics["eval_loss"])
+        eval_metrics["perplexity"] = perplexity(eval_metrics["eval_loss"])
         if hop_task:
             scores = evaluate_multihop(trainer.model, eval_dataset, training_args.per_device_eval_batch_size)
             eval_metrics.update(multihop_metrics(scores))
@@ -237,7 +237,14 @@ def _load_model(task: LanguageModelingTask, model_args: ModelArguments, tokenize
         model_type = model_args.model_type or task.model_types[0]
     if model_type not in task.model_types:
         raise ValueError(f"--model_type {model_type!r} does not fit run_{task.name}.py; expected one of {', '.join(task.model_types)}")
-    return load_model(model_type, tokenizer, model_args.model_name_or_path, model_args.config_overrides, **model_args.hub_options)
+    return load_model(
+        model_type,
+        tokenizer,
+        model_args.model_name_or_path,
+        model_args.config_overrides,
+        **model_args.loading_options,
+        **model_args.hub_options,
+    )
 
 
 def _collator(task: LanguageModelingTask, tokenizer, mlm_probability: float):
@@ -265,7 +272,7 @@ def _print_report(task, metrics: dict, model, tokenizer, validation, max_new_tok
         print(f"  this model            {metrics['eval_loss']:.3f}   (perplexity {metrics['perplexity']:,.1f})")
     if baseline_key in metrics:
         baseline = "count unigram" if task.masked else "count bigram"
-        print(f"  {baseline:<20}  {metrics[baseline_key]:.3f}   (perplexity {math.exp(metrics[baseline_key]):,.1f})")
+        print(f"  {baseline:<20}  {metrics[baseline_key]:.3f}   (perplexity {perplexity(metrics[baseline_key]):,.1f})")
     if max_new_tokens > 0:
         sample = _fill_mask_sample(model, tokenizer, validation[0]["input_ids"]) if task.masked else _generated_sample(
             model, tokenizer, validation[0]["input_ids"], max_new_tokens
@@ -334,10 +341,3 @@ def _dataset_label(data_args: DataTrainingArguments) -> str:
     if data_file is not None:
         return Path(data_file).name
     return "shakespeare"
-
-
-def _perplexity(loss: float) -> float:
-    try:
-        return math.exp(loss)
-    except OverflowError:
-        return math.inf

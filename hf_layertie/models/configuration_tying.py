@@ -2,6 +2,8 @@
 
 Every tied config (`TiedGPT2Config`, `TiedLlamaConfig`, ...) mixes in `TyingConfigMixin`, which declares the two
 fields once for all of them. Like the other files of this folder it only uses relative imports: it is copied next to checkpoints.
+It imports `_compat` so that a config loaded alone (`AutoConfig` with `trust_remote_code=True`) brings that file along
+and checks the transformers it runs under, as the models do.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 
+from ._compat import SUPPORTED_TRANSFORMERS  # noqa: F401 (importing it checks the installed transformers)
 from .tying_map import TyingMap
 
 TIE_INITS = ("root", "mean")

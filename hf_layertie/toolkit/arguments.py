@@ -12,7 +12,7 @@ from transformers import HfArgumentParser
 
 from ..models import TIED_MODELS
 from ..trainer.training_args import TyingTrainingArguments
-from .models import check_model_source, check_tied_model_type
+from .models import ATTN_IMPLEMENTATIONS, TORCH_DTYPES, check_loading_options, check_model_source, check_tied_model_type
 
 # Flags that name the user's own data or model: with any of them, the embedded default does not apply.
 OWN_DATA_OR_MODEL_FLAGS = (
@@ -61,6 +61,20 @@ class ModelArguments:
     cache_dir: str | None = field(default=None, metadata={"help": "Where Hub downloads are cached."})
     model_revision: str = field(default="main", metadata={"help": "Branch, tag or commit of the model repo."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow code from the model repo to run."})
+    torch_dtype: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Override the default `torch.dtype` and load the model under this dtype: {', '.join(TORCH_DTYPES)}. "
+            "'auto' takes a checkpoint's own dtype; from scratch, the config's (float32)."
+        },
+    )
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": f"The attention implementation: {', '.join(ATTN_IMPLEMENTATIONS)} (flash_attention_2 needs the "
+            "flash-attn package and a GPU it supports). Default: transformers' own, sdpa."
+        },
+    )
 
     def __post_init__(self):
         if self.config_overrides is not None and self.model_name_or_path is not None:
@@ -70,10 +84,16 @@ class ModelArguments:
         for flag in ("model_name_or_path", "tokenizer_name"):
             if getattr(self, flag) is not None:
                 check_model_source(f"--{flag}", getattr(self, flag))
+        check_loading_options(self.torch_dtype, self.attn_implementation)
 
     @property
     def hub_options(self) -> dict:
         return {"cache_dir": self.cache_dir, "revision": self.model_revision, "trust_remote_code": self.trust_remote_code}
+
+    @property
+    def loading_options(self) -> dict:
+        """How `load_model` builds the model (not for the tokenizer or the config, unlike `hub_options`)."""
+        return {"torch_dtype": self.torch_dtype, "attn_implementation": self.attn_implementation}
 
 
 def parse_command_line(

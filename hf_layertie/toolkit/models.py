@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import os
 
+import torch
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import is_flash_attn_2_available
 
 from ..data import embedded_tokenizer_dir
 from ..models import TIED_MODELS
@@ -32,6 +34,11 @@ def tied_model_types(auto_class: type) -> tuple[str, ...]:
 
 # A model built from scratch larger than this is almost surely a config left at its defaults (Llama's: 7B).
 LARGEST_FROM_SCRATCH = 1_000_000_000
+
+# `--torch_dtype` values, as in transformers' run_clm.py ("auto": a checkpoint's own dtype).
+TORCH_DTYPES = ("auto", "bfloat16", "float16", "float32")
+# `--attn_implementation` values: the ones every tied class supports (`_supports_sdpa`, `_supports_flash_attn`).
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 
 
 def load_tokenizer(
@@ -100,19 +107,41 @@ def check_tied_model_type(model_type: str) -> None:
         raise ValueError(f"--model_type {model_type!r} is not a tied model type; expected one of {', '.join(TIED_MODELS)}")
 
 
+def check_loading_options(torch_dtype: str | None, attn_implementation: str | None) -> None:
+    """Refuse a dtype or attention implementation by its flag before any data or model is loaded: transformers
+    says so only once the model is built, and without naming the flag (flash-attn missing: an ImportError)."""
+    if torch_dtype not in (None, *TORCH_DTYPES):
+        raise ValueError(f"--torch_dtype {torch_dtype!r}: expected one of {', '.join(TORCH_DTYPES)}")
+    if attn_implementation not in (None, *ATTN_IMPLEMENTATIONS):
+        raise ValueError(f"--attn_implementation {attn_implementation!r}: expected one of {', '.join(ATTN_IMPLEMENTATIONS)}")
+    if attn_implementation == "flash_attention_2" and not is_flash_attn_2_available():
+        raise ValueError(
+            "--attn_implementation flash_attention_2 needs the flash-attn package and a GPU it supports, which this "
+            "machine lacks; pass --attn_implementation sdpa or eager"
+        )
+
+
 def load_model(
     model_type: str,
     tokenizer: PreTrainedTokenizerBase,
     name_or_path: str | None = None,
     config_overrides: str | None = None,
+    torch_dtype: str | None = None,
+    attn_implementation: str | None = None,
     **hub_options,
 ) -> PreTrainedModel:
     """A checkpoint (tied, or plain and then loaded untied into the tied class), or a new model of `model_type`
-    from scratch, sized to the tokenizer and changed by `config_overrides` (`"n_layer=6,n_embd=128"`)."""
+    from scratch, sized to the tokenizer and changed by `config_overrides` (`"n_layer=6,n_embd=128"`).
+
+    `torch_dtype` (`TORCH_DTYPES`) and `attn_implementation` (`ATTN_IMPLEMENTATIONS`) go to `from_pretrained`, or
+    to the type's auto class's `from_config` from scratch; None keeps transformers' default.
+    """
     check_tied_model_type(model_type)
-    model_class = TIED_MODELS[model_type][0]
+    check_loading_options(torch_dtype, attn_implementation)
+    model_class, auto_class = TIED_MODELS[model_type]
+    options = _loading_options(torch_dtype, attn_implementation, from_scratch=name_or_path is None)
     if name_or_path is not None:
-        return _from_checkpoint(model_class, name_or_path, **hub_options)
+        return _from_checkpoint(model_class, name_or_path, **options, **hub_options)
     special_ids = {
         key: getattr(tokenizer, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(tokenizer, key) is not None
     }
@@ -133,7 +162,18 @@ def load_model(
             f"{size / 1e9:.1f}B parameters; pass --config_overrides to size it (e.g. 'num_hidden_layers=6,hidden_size=128,"
             f"intermediate_size=512,num_attention_heads=4')"
         )
-    return model_class(config)
+    return auto_class.from_config(config, **options)
+
+
+def _loading_options(torch_dtype: str | None, attn_implementation: str | None, from_scratch: bool) -> dict:
+    """The keyword arguments of `from_pretrained` / `from_config` for the two flags. From scratch there are no
+    weights for "auto" to take a dtype from: the config's applies (float32), as in transformers' run_clm.py."""
+    options = {}
+    if torch_dtype is not None and not (from_scratch and torch_dtype == "auto"):
+        options["dtype"] = torch_dtype if torch_dtype == "auto" else getattr(torch, torch_dtype)
+    if attn_implementation is not None:
+        options["attn_implementation"] = attn_implementation
+    return options
 
 
 def _approximate_parameters(config) -> int:

@@ -9,6 +9,8 @@ the new ones would never be trained (optimizer) or never be synchronised across 
 from __future__ import annotations
 
 import copy
+import inspect
+import warnings
 
 import torch
 from torch import nn
@@ -64,6 +66,129 @@ def _regroup(optimizer: torch.optim.Optimizer, model: nn.Module, group_of: dict[
         group["params"] = [parameter for parameter in parameters if group_of.get(parameter) == index]
 
 
+# Arguments of `DistributedDataParallel.__init__` that a rebuild carries over (or refuses, see
+# `data_parallel_rebuild_problems`). An argument a later torch adds is refused until it is handled here, rather than
+# silently reset to its default by a rebuild.
+_HANDLED_ARGUMENTS = frozenset(
+    {
+        "self", "module", "device_ids", "output_device", "dim", "broadcast_buffers", "forward_sync_buffers",
+        "init_sync", "process_group", "device_mesh", "bucket_cap_mb", "bucket_cap_mb_list", "find_unused_parameters",
+        "check_reduction", "gradient_as_bucket_view", "static_graph", "skip_all_reduce_unused_params",
+        "batched_grad_copy", "mixed_precision", "delay_all_reduce_named_params", "param_to_hook_all_reduce",
+    }
+)  # fmt: skip
+# What `nn.Module.__init__` resets and DDP's constructor does not rebuild: the wrapper's own hooks (forward, backward,
+# state_dict, ...) and its train/eval mode. `_parameters`, `_buffers` and `_modules` are DDP's to rebuild.
+_MODULE_STATE = tuple(sorted(set(vars(nn.Module())) - {"_parameters", "_buffers", "_non_persistent_buffers_set", "_modules"}))
+# Runtime state of the wrapper that its constructor resets: `no_sync()`'s flag (a re-tie can fall inside a gradient
+# accumulation window), `_set_ddp_sink_clone`'s choice and a `join()` context's configuration.
+_RUNTIME_STATE = ("require_backward_grad_sync", "_ddp_sink_clone", "_join_config")
+_MB = 1024 * 1024  # torch's _MB_TO_BYTES
+
+
+def data_parallel_rebuild_problems(wrapper: nn.Module) -> list[str]:
+    """The settings of a DDP wrapper that `rebuild_data_parallel` cannot carry over, each named with the reason."""
+    if not isinstance(wrapper, DistributedDataParallel):
+        return []
+    problems = []
+    added = sorted(set(inspect.signature(DistributedDataParallel.__init__).parameters) - _HANDLED_ARGUMENTS)
+    if added:
+        problems.append(
+            f"DistributedDataParallel arguments of torch {torch.__version__} that hf_layertie does not know how to "
+            f"carry over yet ({', '.join(added)})"
+        )
+    if getattr(wrapper, "mixed_precision", None) is not None:
+        problems.append(
+            "mixed_precision (DDP's _MixedPrecision: its construction adds low-precision copies of the Parameters and "
+            "forward pre-hooks on every submodule; a rebuild would stack them)"
+        )
+    if getattr(wrapper, "_delay_all_reduce_params", None):
+        problems.append(
+            "delay_all_reduce_named_params / param_to_hook_all_reduce (hooks on the Parameters named at construction; a "
+            "re-tie replaces Parameters)"
+        )
+    mesh = getattr(wrapper, "device_mesh", None)
+    if mesh is not None and getattr(mesh, "_get_root_mesh", lambda: mesh)() != mesh:
+        problems.append(
+            "a device_mesh sliced from a larger mesh (DDP with tensor parallelism: construction adds DTensor hooks on "
+            "the model; a rebuild would stack them)"
+        )
+    if getattr(wrapper, "_use_python_reducer", False):
+        problems.append(
+            "torch._dynamo's python_reducer mode of DDP (construction adds post-accumulate-grad hooks on the "
+            "Parameters; a rebuild would stack them)"
+        )
+    if any(hasattr(parameter, "_in_backward_optimizers") for parameter in wrapper.module.parameters()) or any(
+        hook.__module__.endswith("optimizer_overlap_hooks") for hook, _ in getattr(wrapper, "_comm_hooks", [])
+    ):
+        problems.append(
+            "an optimizer run in the backward pass (apply_optimizer_in_backward, DDP._register_fused_optim): it was "
+            "built over the Parameters a re-tie replaces"
+        )
+    if any(type(state).__name__ == "PowerSGDState" for _, state in getattr(wrapper, "_comm_hooks", [])):
+        problems.append(
+            "a PowerSGD communication hook (powerSGD_hook / batched_powerSGD_hook, e.g. accelerate's "
+            "DDPCommunicationHookType.POWER_SGD): its error-feedback and warm-start memories are kept per gradient "
+            "bucket, and a re-tie changes the buckets"
+        )
+    return problems
+
+
+def check_data_parallel_can_rebuild(wrapper: nn.Module) -> None:
+    """Refuse, naming them, the DDP settings that `rebuild_data_parallel` cannot carry over: call it before training
+    starts with the wrapper the run will re-tie under (the Trainer builds it in `train`, not in its constructor)."""
+    problems = data_parallel_rebuild_problems(wrapper)
+    if problems:
+        raise ValueError(
+            "Re-ties rebuild the DistributedDataParallel wrapper, and these of its settings cannot survive a rebuild: "
+            + "; ".join(problems)
+            + ". Remove them, or train with a fixed tying map (tying_strategy='none' or 'static')."
+        )
+
+
+def _construction_arguments(wrapper: DistributedDataParallel) -> dict:
+    """The arguments that rebuild `wrapper` as it was built, read back from what its constructor stored."""
+    arguments = {
+        "device_ids": wrapper.device_ids,
+        "output_device": wrapper.output_device,
+        "dim": wrapper.dim,
+        "find_unused_parameters": wrapper.find_unused_parameters,
+        "gradient_as_bucket_view": wrapper.gradient_as_bucket_view,
+        "static_graph": wrapper.static_graph,
+    }
+    for name in ("skip_all_reduce_unused_params", "batched_grad_copy"):
+        if hasattr(wrapper, name):
+            arguments[name] = getattr(wrapper, name)
+    if getattr(wrapper, "device_mesh", None) is not None:
+        arguments["device_mesh"] = wrapper.device_mesh  # DDP refuses a process_group next to a device_mesh
+    else:
+        arguments["process_group"] = wrapper.process_group
+    if hasattr(wrapper, "forward_sync_buffers"):  # torch >= 2.13
+        # `forward_sync_buffers=False` would still broadcast buffers at construction; only the deprecated
+        # `broadcast_buffers=False` keeps rank-local buffers rank-local, as they were before the re-tie.
+        if wrapper.forward_sync_buffers:
+            arguments["forward_sync_buffers"] = True
+        else:
+            arguments["broadcast_buffers"] = False
+    else:
+        arguments["broadcast_buffers"] = wrapper.broadcast_buffers
+    if getattr(wrapper, "bucket_bytes_cap_list", None):
+        arguments["bucket_cap_mb_list"] = [cap / _MB for cap in wrapper.bucket_bytes_cap_list]  # exact: _MB is 2**20
+    elif not getattr(wrapper, "bucket_bytes_cap_default", False):
+        arguments["bucket_cap_mb"] = wrapper.bucket_bytes_cap / _MB
+    # else: bucket_cap_mb was left unset, which also gives the first bucket its small default cap: leave it unset.
+    return arguments
+
+
+def _builtin_comm_hook(wrapper: DistributedDataParallel):
+    """The C++ communication hook registered with `_register_builtin_comm_hook` (kept by the reducer only), or None."""
+    name = wrapper._get_ddp_logging_data().get("comm_hook", "") if wrapper.logger is not None else ""
+    prefix = "BuiltinCommHookType."
+    if name.startswith(prefix):
+        return torch.distributed.BuiltinCommHookType.__members__[name[len(prefix) :]]
+    return None
+
+
 def rebuild_data_parallel(wrapper: nn.Module) -> None:
     """Re-initialise a DDP wrapper in place so that it covers exactly the module's current Parameters.
 
@@ -73,18 +198,38 @@ def rebuild_data_parallel(wrapper: nn.Module) -> None:
     reducer, with its references to removed Parameters, is released. Construction broadcasts rank 0's
     weights, so every rank continues from identical Parameters. Collective: call on every rank, at the
     same step, with the same map.
+
+    Everything the wrapper was set up with survives:
+    - every construction argument, read back from the attributes the constructor stored (`_construction_arguments`):
+      bucket caps (per-bucket list, or the unset default with its small first bucket), buffer synchronisation,
+      `skip_all_reduce_unused_params`, `device_mesh`, ...;
+    - the registered communication hook with its state object (`register_comm_hook`: accelerate's fp16/bf16 hooks
+      and wrappers, a user's), or the C++ one of `_register_builtin_comm_hook`;
+    - the hooks on the wrapper itself and its train/eval mode, which `nn.Module.__init__` would reset;
+    - `no_sync()`'s flag, `_set_ddp_sink_clone` and a `join()` context's configuration.
+    Settings that cannot survive (`data_parallel_rebuild_problems`) are refused before anything changes.
+
+    Why re-run the constructor rather than rebuild only the reducer: the constructor is torch's one maintained
+    recipe for a reducer (shape verification, broadcast, bucket assignment, logger, static graph, SyncBatchNorm
+    handle), and its private helpers change signature and order between releases (2.13 moved bucket sizes into
+    `_BucketCapacityConfig`). Re-running it and putting back the few things it resets depends only on its
+    arguments, which `_HANDLED_ARGUMENTS` checks against the installed signature, and on `nn.Module`'s state names,
+    taken from a bare `nn.Module()`. What is lost is DDP's runtime logging (sample rate, iteration statistics) and
+    metadata set on the old reducer by private calls (`_set_sparse_metadata`).
     """
     if not isinstance(wrapper, DistributedDataParallel):
         return
-    DistributedDataParallel.__init__(
-        wrapper,
-        wrapper.module,
-        device_ids=wrapper.device_ids,
-        output_device=wrapper.output_device,
-        broadcast_buffers=wrapper.broadcast_buffers,
-        process_group=wrapper.process_group,
-        bucket_cap_mb=wrapper.bucket_bytes_cap / (1024 * 1024),
-        find_unused_parameters=wrapper.find_unused_parameters,
-        gradient_as_bucket_view=wrapper.gradient_as_bucket_view,
-        static_graph=wrapper.static_graph,
-    )
+    check_data_parallel_can_rebuild(wrapper)
+    arguments = _construction_arguments(wrapper)
+    comm_hooks = list(getattr(wrapper, "_comm_hooks", []))
+    builtin_hook = None if comm_hooks else _builtin_comm_hook(wrapper)
+    kept = {name: wrapper.__dict__[name] for name in (*_MODULE_STATE, *_RUNTIME_STATE) if name in wrapper.__dict__}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+        DistributedDataParallel.__init__(wrapper, wrapper.module, **arguments)
+    wrapper.__dict__.update(kept)
+    if not getattr(wrapper, "_comm_hooks", []):  # (a hook the constructor registered itself would be refused above)
+        for hook, state in comm_hooks:
+            wrapper.register_comm_hook(state, hook)
+        if builtin_hook is not None:
+            wrapper._register_builtin_comm_hook(builtin_hook)

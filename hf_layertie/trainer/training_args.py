@@ -9,26 +9,38 @@ not ignored; `settings_unread_by` names them), and the strategy's defaults are f
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from transformers import TrainingArguments
 
-from ..decisions import DECISIONS, TyingDecisions
-from ..dlt import VARIANT_DEFAULTS, AgentConfig, TyingReward
-
-
-def _variant_help(name: str) -> str:
-    values = [f"{variant}: {table[name]}" for variant, table in VARIANT_DEFAULTS.items() if name in table]
-    return f"None = the variant's value ({'; '.join(values)})."
+from ..decisions import DECISIONS, TyingDecisions, split_strategy
+from ..dlt.agent_config import AgentSettings
 
 
 def _setting(help_text: str) -> dataclasses.Field:
+    """A strategy setting: unset by default; `_with_strategy_help` completes its help from the registry."""
     return field(default=None, metadata={"help": help_text})
 
 
+def _with_strategy_help(cls):
+    """Begin each strategy setting's help with the strategies that read it and end it with their default, both from
+    `DECISIONS` (each strategy's `settings`), so that neither is written a second time here. The fields are copied
+    first: the agent's are `AgentSettings`' own."""
+    for name in cls.strategy_settings():
+        item = cls.__dataclass_fields__[name] = copy.copy(cls.__dataclass_fields__[name])
+        readers = [mode for mode, decisions in DECISIONS.items() if name in decisions.settings]
+        defaults = {repr(DECISIONS[mode].settings[name]) for mode in readers} - {"None"}
+        default = f" (default: {defaults.pop()})" if len(defaults) == 1 else ""
+        item.metadata = MappingProxyType({**item.metadata, "help": f"{'/'.join(readers)}: {item.metadata['help']}{default}"})
+    return cls
+
+
+@_with_strategy_help
 @dataclass
-class TyingTrainingArguments(TrainingArguments):
+class TyingTrainingArguments(AgentSettings, TrainingArguments):
     r"""
     [`TrainingArguments`] plus the tying method (see `hf_layertie.decisions` for the strategies, `hf_layertie.dlt`
     for the agent and the README for every choice). Every setting but `tying_strategy` and `tying_plot` is read by
@@ -46,8 +58,8 @@ class TyingTrainingArguments(TrainingArguments):
     tying_initial_map (`str`, dlt and random):
         The map training starts from: a strategy spec or entries. Defaults to every block tied to block 0, as in
         the paper: the memory saving comes from that start.
-    tying_interval (`int`, dlt and random, defaults to 15):
-        k, optimizer steps between two decisions (the paper's 15). A decision's reward is the loss of the k steps after it.
+    tying_interval (`int`, dlt and random, defaults to the paper's k):
+        k, optimizer steps between two decisions. A decision's reward is the loss of the k steps after it.
     max_distinct_blocks (`int`, dlt and random):
         Hard cap on blocks that own weights at every step (so on training memory): options beyond it are never
         offered. `similarity:U` and `static:<spec>` fix their number of distinct blocks themselves.
@@ -106,38 +118,23 @@ class TyingTrainingArguments(TrainingArguments):
     tying_strategy: str = field(
         default="dlt", metadata={"help": "dlt | random | static:<spec or entries> | similarity:U | none"}
     )
-    dlt_variant: str | None = _setting("dlt/random: the agent, 'default' or 'paper' (default: 'default').")
-    tying_initial_map: str | None = _setting("dlt/random: start map, a spec ('all') or entries ('0 0 2 2'). Default: all tied.")
-    tying_interval: int | None = _setting("dlt/random: k, optimizer steps between two tying decisions (default: 15).")
-    max_distinct_blocks: int | None = _setting("dlt/random: hard cap on blocks owning weights (training memory) at every step.")
-    q_gamma: float | None = _setting(f"dlt: discount of future rewards. {_variant_help('q_gamma')}")
-    epsilon_start: float | None = _setting(f"dlt: initial exploration rate. {_variant_help('epsilon_start')}")
-    epsilon_min: float | None = _setting(f"dlt: exploration floor. {_variant_help('epsilon_min')}")
-    epsilon_decay: float | None = _setting(f"dlt, paper agent: exploration factor per sweep. {_variant_help('epsilon_decay')}")
-    exploration_fraction: float | None = _setting(
-        f"dlt, default agent: share of decisions over which epsilon falls. {_variant_help('exploration_fraction')}"
-    )
-    q_forgetting: float | None = _setting(f"dlt, default agent: least-squares forgetting. {_variant_help('q_forgetting')}")
-    q_ridge: float | None = _setting(f"dlt, default agent: prior precision. {_variant_help('q_ridge')}")
-    q_hidden_size: int | None = _setting(f"dlt, paper agent: Q-network hidden width. {_variant_help('q_hidden_size')}")
-    q_learning_rate: float | None = _setting(f"dlt, paper agent: Q-network learning rate. {_variant_help('q_learning_rate')}")
-    q_weight_decay: float | None = _setting(f"dlt, paper agent: Q-network weight decay. {_variant_help('q_weight_decay')}")
-    reward_source: str | None = _setting("dlt/random: 'train' (free, the default) or 'held_out' (a fixed batch).")
-    reward_kind: str | None = _setting("dlt/random: 'negative_loss' or 'clipped_negative_perplexity' (default: the variant's).")
-    commit_after_exploration: bool | None = _setting("dlt, default agent: stop deciding once exploration ends (default: False).")
-    reward_block_cost: float | None = _setting("dlt/random: reward cost in nats per block owning weights (default: 0).")
-    reward_batch_size: int | None = _setting("dlt/random with reward_source='held_out': examples scored (default: 16).")
-    agent_seed: int | None = _setting("dlt/random: seed of the agent (default: --seed).")
-    similarity_warmup_steps: int | None = _setting("similarity:U: independent steps before the blocks are compared (default: 0).")
+    tying_initial_map: str | None = _setting("start map, a spec ('all') or entries ('0 0 2 2'). Default: all tied.")
+    tying_interval: int | None = _setting("k, optimizer steps between two tying decisions.")
+    reward_source: str | None = _setting("'train' (free) or 'held_out' (a fixed batch).")
+    reward_kind: str | None = _setting("'negative_loss' or 'clipped_negative_perplexity' (default: the variant's).")
+    commit_after_exploration: bool | None = _setting("default agent: stop deciding once exploration ends.")
+    reward_block_cost: float | None = _setting("reward cost in nats per block owning weights.")
+    reward_batch_size: int | None = _setting("with reward_source='held_out': examples scored (default: 16).")
+    similarity_warmup_steps: int | None = _setting("independent steps before the blocks are compared.")
     tie_init: str | None = _setting(
-        "static/similarity/dlt/random: groups of the first map start from their first block's weights ('root', the "
-        "default) or their blocks' mean ('mean': converting a trained model)."
+        "groups of the first map start from their first block's weights ('root') or their blocks' mean ('mean': "
+        "converting a trained model)."
     )
-    lora_rank: int | None = _setting("static/similarity: relaxed ties, a LoRA of this rank per block position on the shared weights.")
+    lora_rank: int | None = _setting("relaxed ties, a LoRA of this rank per block position on the shared weights.")
     lora_init: str | None = _setting("with lora_rank: 'svd' (the default: what the tie took from each position) or 'zero'.")
     untie_init: str | None = _setting(
-        "dlt/random: an untied block starts from a copy of its source ('source', the default) or from its own weights "
-        "at the start of training ('own': a converted trained model)."
+        "an untied block starts from a copy of its source ('source') or from its own weights at the start of "
+        "training ('own': a converted trained model)."
     )
     tying_plot: bool = field(default=True, metadata={"help": "Write tying_map.png next to saved models."})
 
@@ -160,7 +157,7 @@ class TyingTrainingArguments(TrainingArguments):
     def settings_unread_by(cls, tying_strategy: str) -> list[str]:
         """The strategy settings that `tying_strategy` does not read (none for an unknown strategy, refused on its
         own). The scripts' embedded default drops those it sets: they are refused only when the user sets them."""
-        decisions = DECISIONS.get(str(tying_strategy).split(":", 1)[0])
+        decisions = DECISIONS.get(split_strategy(tying_strategy)[0])
         if decisions is None:
             return []
         return [name for name in cls.strategy_settings() if name not in decisions.settings]
@@ -168,7 +165,7 @@ class TyingTrainingArguments(TrainingArguments):
     @property
     def tying_mode(self) -> str:
         """`dlt`, `random`, `static`, `similarity` or `none`."""
-        return self.tying_strategy.split(":", 1)[0]
+        return split_strategy(self.tying_strategy)[0]
 
     @property
     def decisions_class(self) -> type[TyingDecisions]:
@@ -182,26 +179,19 @@ class TyingTrainingArguments(TrainingArguments):
         names = ["tying_strategy", *self.decisions_class.settings]
         return {name: getattr(self, name) for name in names}
 
-    def agent_config(self) -> AgentConfig:
-        """The agent's settings (`dlt` and `random`), under their own names."""
-        return AgentConfig(**{item.name: getattr(self, item.name) for item in dataclasses.fields(AgentConfig)})
-
-    def tying_reward(self) -> TyingReward:
-        return TyingReward.for_variant(self.dlt_variant, reward_block_cost=self.reward_block_cost, reward_kind=self.reward_kind)
-
     def without_tying(self) -> TyingTrainingArguments:
         """These arguments with `tying_strategy="none"` and every strategy setting unset (evaluation only)."""
         return dataclasses.replace(self, tying_strategy="none", **dict.fromkeys(self.strategy_settings()))
 
     def _resolve_tying_settings(self) -> None:
-        """Refuse settings the strategy does not read, fill in the defaults of those it reads, then let it check them."""
+        """Refuse settings the strategy does not read, then take the values the strategy resolves for those it reads."""
         if not isinstance(self.tying_strategy, str):
             raise ValueError(f"tying_strategy must be a string, got {self.tying_strategy!r}")
         if self.tying_mode not in DECISIONS:
             raise ValueError(
                 f"tying_strategy={self.tying_strategy!r}: expected 'dlt', 'random', 'static:<spec>', 'similarity:U' or 'none'"
             )
-        if ":" in self.tying_strategy and self.tying_mode not in ("static", "similarity"):
+        if split_strategy(self.tying_strategy)[1] and self.tying_mode not in ("static", "similarity"):
             raise ValueError(f"tying_strategy={self.tying_strategy!r}: only 'static' and 'similarity' take a ':' argument")
         decisions = self.decisions_class
         ignored = [name for name in self.settings_unread_by(self.tying_strategy) if getattr(self, name) is not None]
@@ -211,7 +201,5 @@ class TyingTrainingArguments(TrainingArguments):
                 f"tying_strategy={self.tying_strategy!r} does not read {', '.join(ignored)}: leave "
                 f"{'it' if len(ignored) == 1 else 'them'} unset ({reads})"
             )
-        for name, default in decisions.settings.items():
-            if getattr(self, name) is None and default is not None:
-                setattr(self, name, default)
-        decisions.resolve_arguments(self)
+        for name, value in decisions.resolved_settings(self).items():
+            setattr(self, name, value)

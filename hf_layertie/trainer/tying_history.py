@@ -1,29 +1,75 @@
-"""`tying_history.jsonl`: one strict-JSON line per completed tying decision, written as the run goes."""
+"""`TyingHistory`: the run's tying decisions, and `tying_history.jsonl`, one strict-JSON line per completed one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+
+from ..decisions import Decision
+from ..dlt import Outcome
 
 TYING_HISTORY_NAME = "tying_history.jsonl"
 
 
 class TyingHistory:
-    """Queues completed decision rows and appends them to `output_dir/tying_history.jsonl` at each checkpoint and at
-    the end of training. The first write of a run (fresh, or resumed from a checkpoint whose rows it rewrites)
-    starts a new file, so the file always matches the run it sits beside."""
+    """Every decision of the run in order (the last may still await its outcome), kept by the trainer alone.
+
+    Completed decisions are queued as rows and appended to `output_dir/tying_history.jsonl` at each checkpoint and
+    at the end of training. The first write of a run (fresh, or resumed from a checkpoint whose rows it rewrites)
+    starts a new file, so the file always matches the run it sits beside.
+    """
 
     def __init__(self, output_dir: str):
         self.path = os.path.join(output_dir, TYING_HISTORY_NAME)
+        self.decisions: list[Decision] = []
         self._unwritten: list[dict] = []
         self._started = False
 
-    def add(self, row: dict) -> None:
-        self._unwritten.append(row)
+    @property
+    def current(self) -> Decision | None:
+        """The last decision taken (None before the first)."""
+        return self.decisions[-1] if self.decisions else None
 
-    def restart(self, rows: list[dict]) -> None:
-        """The run goes on from a checkpoint holding `rows`: the file is rewritten from them at the next flush."""
-        self._unwritten = list(rows)
+    @property
+    def pending(self) -> Decision | None:
+        """The last decision, while it awaits its outcome."""
+        current = self.current
+        return current if current is not None and not current.completed else None
+
+    @property
+    def rows(self) -> list[dict]:
+        """Every decision's row, the one in force included: which map held from which step."""
+        return [decision.to_row() for decision in self.decisions]
+
+    def record(self, decision: Decision) -> None:
+        """Add the decision just applied; queue its row if it is complete."""
+        self.decisions.append(decision)
+        if decision.completed:
+            self._unwritten.append(decision.to_row())
+
+    def complete(self, outcome: Outcome) -> Decision:
+        """Give the pending decision its `outcome`; queue and return the completed decision."""
+        if self.pending is None:
+            raise ValueError("no decision awaits an outcome")
+        completed = dataclasses.replace(self.decisions[-1], outcome=outcome)
+        self.decisions[-1] = completed
+        self._unwritten.append(completed.to_row())
+        return completed
+
+    def state_dict(self) -> dict:
+        """The completed rows and the pending one (None when none), as `tying_state.pt` has always held them."""
+        pending = self.pending
+        completed = self.decisions[:-1] if pending is not None else self.decisions
+        return {"rows": [decision.to_row() for decision in completed], "pending_row": None if pending is None else pending.to_row()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The run goes on from a checkpoint: its decisions replace these, and the file is rewritten from its
+        completed rows at the next flush. `pending_row` may be missing (static and similarity checkpoints)."""
+        self.decisions = [Decision.from_row(row) for row in state["rows"]]
+        if state.get("pending_row") is not None:
+            self.decisions.append(Decision.from_row(state["pending_row"], pending=True))
+        self._unwritten = list(state["rows"])
         self._started = False
 
     def flush(self, should_save: bool) -> None:

@@ -1,12 +1,12 @@
 """`TyingTrainer`: transformers' Trainer with a tying strategy inside `training_step`.
 
-The strategy (`hf_layertie.decisions`, chosen by `TyingTrainingArguments.tying_strategy`) owns its decisions:
-when one is due, what it is, its reward and its checkpointed state. The trainer gives it the training loop as a
-`TrainingRun` (`_LoopView`): on the first micro-batch of an optimizer step where a decision is due (so exactly once
-per optimizer step, whatever the gradient accumulation), the strategy decides on the main process, every process
-re-ties its model, and the trainer brings the optimizer (`sync_optimizer_with_model`) and the DDP wrapper
-(`rebuild_data_parallel`) in line with the model's Parameters, then logs the decision through `Trainer.log` and
-`tying_history.jsonl`.
+The strategy (`hf_layertie.decisions`, chosen by `TyingTrainingArguments.tying_strategy`) says when a decision
+is due and what it is, from what it observes (`Observation`); the trainer does the rest, in one place (`_take`). On
+the first micro-batch of an optimizer step where a decision is due (so exactly once per optimizer step, whatever
+the gradient accumulation), the strategy returns the `Decision` on the main process, the trainer sends it to the
+other processes, every process re-ties its model and brings the optimizer (`sync_optimizer_with_model`) and the DDP
+wrapper (`rebuild_data_parallel`) in line with the model's Parameters, and the decision enters the run's history
+(`TyingHistory`, `tying_history.jsonl`) and `Trainer.log`.
 
 Checkpoints carry the strategy's state (`checkpoint_format`) next to a model whose config holds that step's map;
 resuming re-ties the model to the checkpoint's map before loading its weights, and is refused when the checkpoint
@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import functools
 import os
 import time
 from contextlib import contextmanager
@@ -34,10 +35,19 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
 from ..block_similarity import block_angular_distances
-from ..decisions import TyingDecisions
+from ..checks import perplexity
+from ..decisions import Decision, Observation, TyingDecisions
 from ..model_card import write_model_card
-from ..models.tied_blocks import TiedBlocksMixin, _is_adapter_layer
-from ..models.tying_map import TyingMap
+from ..models._compat import (
+    carries_integrated_adapters,
+    check_trainer_private_api,
+    declared_tied_weights,
+    prepare_inputs,
+    remove_unused_columns,
+    trainer_output_dir,
+)
+from ..models.adapter_export import is_adapter_layer
+from ..models.tied_blocks import ParameterCounts, TiedBlocksMixin
 from ..relaxed_ties import check_lora_rank, holds_adapters, load_relaxed_weights, relax_ties
 from .checkpoint_format import (
     TYING_STATE_NAME,
@@ -57,6 +67,8 @@ from .tying_history import TyingHistory
 from .tying_plot import plot_tying_history, require_matplotlib
 
 logger = logging.getLogger(__name__)
+# The private Trainer methods below override or call (`_compat.TRAINER_PRIVATE_API`): a rename fails here, by name.
+check_trainer_private_api(Trainer)
 
 TYING_PLOT_NAME = "tying_map.png"
 # Where the agent's wall time goes (`TyingTrainer.tying_seconds`).
@@ -127,7 +139,12 @@ class TyingTrainer(Trainer):
             check_lora_rank(self.model, args.lora_rank, self.decisions.num_distinct)
         if args.reward_source == "held_out":
             self._reward_examples = self._select_reward_examples(reward_dataset)
-        self.decisions.start(self._loop_view())
+        # untie_init="own": each block's weights when training started, on CPU (a resumed run takes them again from
+        # the model it was given: the one its first run started from).
+        self._starting_weights = self._block_weights() if args.untie_init == "own" else None
+        start = self.decisions.start(self._observation())
+        if start is not None:
+            self._take(start)
 
     # ----- construction -----
 
@@ -159,7 +176,7 @@ class TyingTrainer(Trainer):
             )
         count = min(self.args.reward_batch_size, len(dataset))
         if hasattr(dataset, "select"):
-            return self._remove_unused_columns(dataset.select(range(count)), description="reward")
+            return remove_unused_columns(self, dataset.select(range(count)), description="reward")
         return [dataset[index] for index in range(count)]
 
     # ----- decisions, inside training_step -----
@@ -167,9 +184,18 @@ class TyingTrainer(Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         if not self._run_checked:
             self.decisions.check_run(self.state.max_steps)
+            if self.args.decisions_class.changes_map or self.args.lora_rank is not None:
+                from .optimizer_sync import check_data_parallel_can_rebuild  # re-ties rebuild the DDP wrapper
+
+                check_data_parallel_can_rebuild(self.model_wrapped)
             self._run_checked = True
-        if self.decisions.is_due(self.state.global_step):
-            self.decisions.decide(self._loop_view(inputs))
+        if self.decisions.is_due(self.state.global_step, self.history.current):
+            self._synchronize()  # the strategy's timings start here, not with the queued training kernels
+            decision = self.decisions.decide(self._observation(inputs))
+            with self._timed("decision"):
+                decision = self._broadcast(decision)
+            if decision is not None:
+                self._take(decision)
         # After a re-tie the DDP wrapper was rebuilt in place; `model_wrapped` is always the live one.
         loss = super().training_step(self.model_wrapped, inputs, num_items_in_batch)
         self._sitting_loss += loss  # on the device, as the Trainer sums it: no synchronisation per step
@@ -212,7 +238,7 @@ class TyingTrainer(Trainer):
         runtime is `sitting_runtime` when it is over (`Trainer.train`'s own measure), else the time since it began."""
         if self._sitting_start is None:
             return self._totals
-        loss_sum = self._loop_view().mean_over_processes(float(self._sitting_loss))
+        loss_sum = self._mean_over_processes(float(self._sitting_loss))
         runtime = time.time() - self._sitting_start if sitting_runtime is None else sitting_runtime
         return self._totals.plus(loss_sum, runtime)
 
@@ -221,11 +247,48 @@ class TyingTrainer(Trainer):
         return self.state.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
 
     def _finish_decisions(self) -> None:
-        self.decisions.finish(self._loop_view())
+        """Give the decision still pending its outcome (the loss of the steps after it), log it and write the history."""
+        if self.history.pending is not None:  # the same on every process: all join the collectives or none
+            with self._timed("reward"):
+                outcome = self.decisions.finish(self._observation())
+            outcome = self._broadcast(outcome)
+            if outcome is not None:
+                self._log_decision(self.history.complete(outcome), None)
         self.history.flush(self.args.should_save)
 
-    def _loop_view(self, inputs=None) -> _LoopView:
-        return _LoopView(self, inputs)
+    def _observation(self, inputs=None) -> Observation:
+        """The run as the strategy sees it now; `inputs`, the current micro-batch, for `block_distances`."""
+        return Observation(
+            step=self.state.global_step,
+            max_steps=self.state.max_steps,
+            tying_map=self.model.tying_map if isinstance(self.model, TiedBlocksMixin) else None,
+            current=self.history.current,
+            is_main_process=self.is_world_process_zero(),
+            process_index=self.args.process_index,
+            num_processes=self.accelerator.num_processes,
+            held_out_loss=self.held_out_loss,
+            block_distances=functools.partial(self._block_distances, inputs),
+            mean_over_processes=self._mean_over_processes,
+            gather=self._gather,
+        )
+
+    def _take(self, decision: Decision) -> None:
+        """Apply `decision` to the model, then complete the decision it replaces, record it and log them: the one
+        place a decision reaches the model and the history."""
+        counts = self._apply(decision)
+        decision = dataclasses.replace(decision, trainable_parameters=counts.trainable, block_parameters=counts.blocks)
+        for part, seconds in decision.seconds.items():
+            self.tying_seconds[part] += seconds
+        if decision.index is None:  # a starting map outside the history
+            return
+        completed = None
+        if decision.previous_outcome is not None:
+            completed = self.history.complete(decision.previous_outcome)
+        self.history.record(decision)
+        if decision.completed:
+            self._log_decision(decision, None)
+        else:
+            self._log_decision(completed, decision)
 
     @torch.no_grad()
     def held_out_loss(self) -> float:
@@ -245,7 +308,7 @@ class TyingTrainer(Trainer):
         was_training = model.training
         model.eval()
         try:
-            total = sum(float(model(**self._prepare_inputs(batch)).loss) * count for batch, count in self._reward_batches)
+            total = sum(float(model(**prepare_inputs(self, batch)).loss) * count for batch, count in self._reward_batches)
         finally:
             model.train(was_training)
         value = total / sum(count for _, count in self._reward_batches)
@@ -253,22 +316,18 @@ class TyingTrainer(Trainer):
             logger.warning(f"Held-out loss is {value} at step {self.state.global_step}; the agent will skip this reward")
         return value
 
-    def apply_tying_map(
-        self,
-        tying_map: TyingMap,
-        tie_init: str = "root",
-        untied_weights: dict[int, dict[str, torch.Tensor]] | None = None,
-        lora_rank: int | None = None,
-        lora_init: str | None = None,
-    ) -> dict:
-        """Re-tie the model, bring the optimizer and the DDP wrapper along, and return the map's log fields.
+    def _apply(self, decision: Decision) -> ParameterCounts:
+        """Re-tie the model to `decision`'s map, bring the optimizer and the DDP wrapper along, and return the
+        model's parameter counts.
 
-        `tie_init` as in `retie`; `untied_weights[b]` replaces the weights of each block `b` the map unties, whose
-        optimizer state then starts afresh (`untie_init="own"`); `lora_rank` relaxes the new ties (`relax_ties`),
-        whose adapters join the param group of the weights they adapt."""
-        weights_before = self._loop_view().block_weights() if lora_init == "svd" else None
+        `tie_init` as in `retie`; with `untie_to_start`, each block the map unties takes back its weights from when
+        training started, with fresh optimizer state (`untie_init="own"`); `lora_rank` relaxes the new ties
+        (`relax_ties`), whose adapters join the param group of the weights they adapt."""
+        lora_rank, lora_init = decision.lora_rank, decision.lora_init
+        untied_weights = self._starting_weights if decision.untie_to_start else None
+        weights_before = self._block_weights() if lora_init == "svd" else None
         with self._timed("retie"):
-            report = self.model.retie(tying_map, tie_init=tie_init)
+            report = self.model.retie(decision.map_after, tie_init=decision.tie_init)
             untied = [block for block in report.new_map.independent_blocks if not report.old_map.is_independent(block)]
             restored = [
                 parameter
@@ -285,42 +344,31 @@ class TyingTrainer(Trainer):
         if report.changed or lora_rank is not None:
             with self._timed("ddp_rebuild"):
                 rebuild_data_parallel(self.model_wrapped)
-        counts = self.model.parameter_counts()
-        return {
-            "map": tying_map.to_list(),
-            "map_text": tying_map.render(),
-            "distinct_blocks": tying_map.num_distinct,
-            "trainable_parameters": counts.trainable,
-            "block_parameters": counts.blocks,
-        }
+        return self.model.parameter_counts()
 
     def _relax(self, lora_rank: int, lora_init: str, weights_before: dict | None) -> None:
         """Add the adapters of relaxed ties; mid-run (similarity decides at its first step), also into the optimizer,
         in the group of the weights they adapt (the caller rebuilds the DDP wrapper)."""
         adapters = relax_ties(self.model, lora_rank, lora_init, weights_before)
         if self.optimizer is not None:
-            adapted = next(module for module in self.model.tied_blocks.modules() if _is_adapter_layer(module))
+            adapted = next(module for module in self.model.tied_blocks.modules() if is_adapter_layer(module))
             add_to_optimizer(self.optimizer, self.model, adapters, like=adapted.base_layer.weight)
 
     # ----- logging and history -----
 
     @property
     def tying_records(self) -> list[dict]:
-        """Every decision of the run in order, the one in force included: what the map was from which step."""
-        return self.decisions.records
+        """Every decision of the run in order as log rows, the one in force included: what the map was from which step."""
+        return self.history.rows
 
-    def log_decision(self, completed: dict | None, current: dict | None) -> None:
-        """Log the decision whose outcome just became known and the map now in force; queue the completed row."""
+    def _log_decision(self, completed: Decision | None, current: Decision | None) -> None:
+        """Log the decision whose outcome just became known and the map now in force through `Trainer.log`."""
         with self._timed("logging"):
             logs = {}
-            if completed is not None:
-                logs.update(_numbers("tying", completed, skip=_ROW_LABELS))
-                self.history.add(completed)
-            if current is not None:
-                logs.update(_numbers("tying", current, skip=_ROW_LABELS))
-                logs["tying/map"] = current["map_text"]
-            elif completed is not None and "map_text" in completed:
-                logs["tying/map"] = completed["map_text"]
+            for decision in (completed, current):
+                if decision is not None:
+                    logs.update(_numbers("tying", decision.to_row(), skip=_ROW_LABELS))
+                    logs["tying/map"] = decision.map_after.render()
             if logs and (self.state.global_step > 0 or self.is_in_train):
                 self.log(logs)
 
@@ -328,14 +376,56 @@ class TyingTrainer(Trainer):
     def _timed(self, part: str):
         """Add the wall time of the block to `tying_seconds[part]`; on a GPU, after the queued kernels finish, or
         the time of asynchronous work would be charged to whatever synchronises next."""
-        synchronize = torch.cuda.synchronize if self.args.device.type == "cuda" else (lambda: None)
-        synchronize()
+        self._synchronize()
         started = time.perf_counter()
         try:
             yield
         finally:
-            synchronize()
+            self._synchronize()
             self.tying_seconds[part] += time.perf_counter() - started
+
+    def _synchronize(self) -> None:
+        if self.args.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    # ----- what the strategy observes, and collectives -----
+
+    def _broadcast(self, message):
+        """The main process's `message` on every process (collective)."""
+        if self.accelerator.num_processes == 1:
+            return message
+        return broadcast_object_list([message], from_process=0)[0]
+
+    def _mean_over_processes(self, value: float) -> float:
+        """The mean of `value` over processes (collective)."""
+        if self.accelerator.num_processes == 1:
+            return value
+        return float(self.accelerator.reduce(torch.tensor(value, device=self.args.device), "mean"))
+
+    def _gather(self, value: float) -> list[float]:
+        """`value` of every process, by rank (collective)."""
+        if self.accelerator.num_processes == 1:
+            return [value]
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.args.device)
+        return self.accelerator.gather(tensor).tolist()
+
+    @torch.no_grad()
+    def _block_weights(self) -> dict[int, dict[str, torch.Tensor]]:
+        """A CPU copy of the weights every block computes with now, by block and name (blocks that share weights
+        share one copy)."""
+        copies: dict[torch.nn.Parameter, torch.Tensor] = {}
+
+        def copied(parameter: torch.nn.Parameter) -> torch.Tensor:
+            if parameter not in copies:
+                copies[parameter] = parameter.detach().to("cpu", copy=True)
+            return copies[parameter]
+
+        blocks = self.model.tied_blocks
+        return {index: {name: copied(parameter) for name, parameter in block.named_parameters()} for index, block in enumerate(blocks)}
+
+    def _block_distances(self, inputs) -> list[float]:
+        """Each block's angular distance on the micro-batch `inputs` (`hf_layertie.block_similarity`)."""
+        return block_angular_distances(self.model, prepare_inputs(self, dict(inputs)))
 
     # ----- checkpoints, resume and saving -----
 
@@ -344,7 +434,7 @@ class TyingTrainer(Trainer):
         return {
             "tying_strategy": self.args.tying_strategy,
             "settings": {name: getattr(self.args, name) for name in self.args.strategy_settings()},
-            "decisions": self.decisions.state_dict(self._loop_view()),
+            "decisions": {**self.history.state_dict(), **self.decisions.state_dict(self._observation())},
             "starting_model": starting_model(self.model),
             "training": dataclasses.asdict(self._training_totals()),
         }
@@ -358,7 +448,7 @@ class TyingTrainer(Trainer):
         """The Trainer's checkpoint, then the tying state, written last and atomically (a checkpoint with a
         `tying_state.pt` is complete), then the history so far. A failed write names the folder and the disk's
         free space."""
-        folder = os.path.join(self._get_output_dir(trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        folder = os.path.join(trainer_output_dir(self, trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         with explain_write_errors(folder):
             super()._save_checkpoint(model, trial)
         self._write_tying_state(folder)
@@ -372,14 +462,16 @@ class TyingTrainer(Trainer):
         if isinstance(self.model, TiedBlocksMixin) and self.args.tying_mode != "none":
             self.model.retie(checkpoint_tying_map(resume_from_checkpoint, len(self.model.tied_blocks)))
         if state is not None:
-            self.decisions.load_state_dict(state["decisions"], self._loop_view())
+            # The strategy's state beside the run's decisions (their keys as `TyingHistory.state_dict` writes them).
+            saved = dict(state["decisions"])
+            self.history.load_state_dict({"rows": saved.pop("rows"), "pending_row": saved.pop("pending_row", None)})
+            self.decisions.load_state_dict(saved, self._observation())
             # The history on disk restarts from the checkpoint, as the run does.
-            self.history.restart(self.decisions.completed_rows)
             self.history.flush(self.args.should_save)
         # Relaxed ties: a checkpoint saved after the map was applied holds the tied base and its adapters; one saved
         # before (similarity's warm-up) is a plain one, and the adapters come when the run applies the map.
         if self.args.lora_rank is not None and holds_adapters(resume_from_checkpoint):
-            if not self.model._carries_integrated_adapters():
+            if not carries_integrated_adapters(self.model):
                 relax_ties(self.model, self.args.lora_rank, "zero")
             load_relaxed_weights(self.model, resume_from_checkpoint)
             return
@@ -389,14 +481,14 @@ class TyingTrainer(Trainer):
         best = self.state.best_model_checkpoint
         if self.args.tying_mode != "none" and best:
             self.model.retie(checkpoint_tying_map(best, len(self.model.tied_blocks)))
-        if best and self.args.lora_rank is not None and self.model._carries_integrated_adapters():
+        if best and self.args.lora_rank is not None and carries_integrated_adapters(self.model):
             load_relaxed_weights(self.model, best)  # a best checkpoint from before the map: its adapters at zero
             return
         super()._load_best_model()
 
     def _issue_warnings_after_load(self, load_result) -> None:
         # Tied blocks are not stored in the checkpoint: they are restored by sharing, not missing.
-        tied = getattr(self.model, "all_tied_weights_keys", {})
+        tied = declared_tied_weights(self.model)
         load_result.missing_keys[:] = [key for key in load_result.missing_keys if key not in tied]
         super()._issue_warnings_after_load(load_result)
 
@@ -443,7 +535,7 @@ class TyingTrainer(Trainer):
         if not evaluations:
             return {}
         loss = evaluations[-1]["eval_loss"]
-        return {"eval_loss": loss, "perplexity": math.exp(min(loss, 700.0))}
+        return {"eval_loss": loss, "perplexity": perplexity(loss)}
 
 
 def check_resumes_saved_settings(args: TyingTrainingArguments, checkpoint: str, state: dict | None) -> None:
@@ -531,57 +623,3 @@ def _load_block_weights(block: torch.nn.Module, weights: dict[str, torch.Tensor]
         parameters[name].copy_(value)
     return [parameters[name] for name in weights]
 
-
-class _LoopView:
-    """The training loop as a strategy sees it (`hf_layertie.decisions.TrainingRun`), at the current step, with the
-    current micro-batch (`inputs`) for strategies that measure the model on it."""
-
-    def __init__(self, trainer: TyingTrainer, inputs=None):
-        self._trainer = trainer
-        self._inputs = inputs
-        self.step = trainer.state.global_step
-        self.max_steps = trainer.state.max_steps
-        self.is_main_process = trainer.is_world_process_zero()
-        self.process_index = trainer.args.process_index
-        self.num_processes = trainer.accelerator.num_processes
-        self.timed = trainer._timed
-        self.held_out_loss = trainer.held_out_loss
-        self.apply = trainer.apply_tying_map
-        self.log = trainer.log_decision
-
-    @property
-    def tying_map(self) -> TyingMap:
-        return self._trainer.model.tying_map
-
-    def broadcast(self, message):
-        if self.num_processes == 1:
-            return message
-        return broadcast_object_list([message], from_process=0)[0]
-
-    def mean_over_processes(self, value: float) -> float:
-        if self.num_processes == 1:
-            return value
-        trainer = self._trainer
-        return float(trainer.accelerator.reduce(torch.tensor(value, device=trainer.args.device), "mean"))
-
-    def gather(self, value: float) -> list[float]:
-        if self.num_processes == 1:
-            return [value]
-        tensor = torch.tensor([value], dtype=torch.float64, device=self._trainer.args.device)
-        return self._trainer.accelerator.gather(tensor).tolist()
-
-    @torch.no_grad()
-    def block_weights(self) -> dict[int, dict[str, torch.Tensor]]:
-        copies: dict[torch.nn.Parameter, torch.Tensor] = {}  # one copy per Parameter: tied blocks share theirs
-
-        def copied(parameter: torch.nn.Parameter) -> torch.Tensor:
-            if parameter not in copies:
-                copies[parameter] = parameter.detach().to("cpu", copy=True)
-            return copies[parameter]
-
-        blocks = self._trainer.model.tied_blocks
-        return {index: {name: copied(parameter) for name, parameter in block.named_parameters()} for index, block in enumerate(blocks)}
-
-    def block_distances(self) -> list[float]:
-        trainer = self._trainer
-        return block_angular_distances(trainer.model, trainer._prepare_inputs(dict(self._inputs)))

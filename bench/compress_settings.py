@@ -1,0 +1,140 @@
+"""What `bench/compress.py` compares, on what, for how long: its presets, its rows and where each run is kept.
+
+Its own module, as `bench/settings.py` is the study's: the scheduler (`compress.py`), a row's run (`compress_run.py`)
+and the report (`compress_report.py`) all read it, and so none of them imports another for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .settings import fingerprint
+
+
+@dataclass(frozen=True)
+class CompressSettings:
+    n_layer: int
+    n_embd: int
+    n_head: int
+    block_size: int
+    batch_size: int
+    teacher_steps: int
+    teacher_learning_rate: float
+    uptrain_steps: int
+    uptrain_learning_rate: float
+    warmup_steps: int
+    distinct_blocks: int
+    tying_interval: int
+    max_test_blocks: int | None
+    seeds: tuple[int, ...]
+    task: str | None = None  # a generated task instead of the plays (`bench/settings.py`, BenchSettings.task)
+
+    def fingerprint(self) -> str:
+        return fingerprint(self, scheduling=("seeds",))
+
+
+# Each family's teacher, saved in its seed's folder as a plain transformers checkpoint (`to_untied()`): conversions
+# load it as users load theirs (`load_model`, as `run_clm.py --model_name_or_path` does).
+TEACHER_DIRS = {"tied_gpt2": "teacher-model", "tied_llama": "teacher-llama"}
+
+PRESETS = {
+    "tiny": CompressSettings(
+        n_layer=4, n_embd=32, n_head=2, block_size=32, batch_size=4, teacher_steps=12, teacher_learning_rate=3e-3,
+        uptrain_steps=8, uptrain_learning_rate=1e-3, warmup_steps=0, distinct_blocks=2, tying_interval=2,
+        max_test_blocks=16, seeds=(0,),
+    ),  # fmt: skip
+    # The study's model, data and teacher schedule (2,000 steps of 16 x 64 tokens at 3e-3); uptraining 1,000 steps at
+    # 1e-3 (the rate of the issue's probe); k = 2 as in the study, so DLT takes 500 decisions.
+    "default": CompressSettings(
+        n_layer=12, n_embd=64, n_head=4, block_size=64, batch_size=16, teacher_steps=2000, teacher_learning_rate=3e-3,
+        uptrain_steps=1000, uptrain_learning_rate=1e-3, warmup_steps=50, distinct_blocks=4, tying_interval=2,
+        max_test_blocks=None, seeds=(0, 1, 2, 3, 4),
+    ),  # fmt: skip
+    # Where depth matters: k-hop induction (the `depth` study preset's task and model), a 4-block teacher trained
+    # 5,000 steps (where 4 untied blocks beat 2, bench/hop_depth.py), compressed to 2 distinct blocks and uptrained
+    # 1,000 steps at 1e-3.
+    "depth": CompressSettings(
+        n_layer=4, n_embd=64, n_head=4, block_size=66, batch_size=32, teacher_steps=5000, teacher_learning_rate=1e-3,
+        uptrain_steps=1000, uptrain_learning_rate=1e-3, warmup_steps=100, distinct_blocks=2, tying_interval=2,
+        max_test_blocks=None, seeds=(0, 1, 2, 3, 4), task="hop_induction:length=64,max_hops=4",
+    ),  # fmt: skip
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the table. `start`: "teacher" (converted), "truncated" (its first blocks), "pruned" (the blocks
+    `similarity:U` keeps independent, in order: block 0 and the U - 1 that change their input most), "scratch"."""
+
+    label: str
+    start: str
+    strategy: str = "none"
+    tie_init: str | None = None
+    untie_init: str | None = None
+    all_tokens: bool = False  # from scratch for the teacher's steps and the uptraining's
+    lora_rank: int | None = None  # relaxed ties
+    lora_init: str | None = None
+    model_type: str = "tied_gpt2"  # the family: every row of a family starts from that family's teacher
+    seeds: tuple[int, ...] | None = None  # only these of the preset's seeds (None: all)
+
+    @property
+    def directory(self) -> str:
+        return "".join(character if character.isalnum() else "-" for character in self.label).strip("-")
+
+
+def plan(settings: CompressSettings) -> list[Row]:
+    """The rows, teacher first (every conversion reads it)."""
+    budget = settings.distinct_blocks
+    rows = [Row(f"teacher, {settings.n_layer} blocks, continued (ceiling)", "teacher")]
+    for pattern in ("cycle", "sequence", "similarity"):
+        strategy = f"similarity:{budget}" if pattern == "similarity" else f"static:{pattern}:{budget}"
+        rows += [Row(f"converted, {pattern}, {init}", "teacher", strategy, tie_init=init) for init in ("root", "mean")]
+    rows += [
+        Row(f"converted, dlt from sequence, mean, untie to {untie}", "teacher", "dlt", tie_init="mean", untie_init=untie)
+        for untie in ("own", "source")
+    ]
+    sequence, similarity = f"static:sequence:{budget}", f"similarity:{budget}"
+    relaxed = [(sequence, 2, "svd"), (sequence, 8, "svd"), (sequence, 8, "zero"), (similarity, 8, "svd")]
+    rows += [_relaxed_row(strategy, rank, init) for strategy, rank, init in relaxed]
+    rows += [
+        Row(f"teacher truncated to its first {budget} blocks", "truncated"),
+        Row(f"teacher pruned to the {budget} blocks similarity keeps", "pruned"),
+        Row(f"untied {budget} blocks from scratch, uptraining steps", "scratch"),
+        Row(f"untied {budget} blocks from scratch, teacher + uptraining steps", "scratch", all_tokens=True),
+    ]
+    if settings.task is not None:
+        return rows
+    # The path users take with real checkpoints: a plain LlamaForCausalLM teacher converted, relaxed and exported.
+    # One seed: a check that the workflow runs and what it gives, not a comparison (on the plays alone).
+    llama = dict(model_type="tied_llama", seeds=(0,))
+    rows += [
+        Row(f"Llama: teacher, {settings.n_layer} blocks, continued (ceiling)", "teacher", **llama),
+        Row("Llama: converted, sequence, mean", "teacher", sequence, tie_init="mean", **llama),
+        _relaxed_row(sequence, 8, "svd", "Llama: ", **llama),
+        Row(f"Llama: untied {budget} blocks from scratch, teacher + uptraining steps", "scratch", all_tokens=True, **llama),
+    ]
+    return rows
+
+
+def _relaxed_row(strategy: str, rank: int, init: str, prefix: str = "", **family) -> Row:
+    pattern = strategy.split(":")[-2]
+    label = f"{prefix}converted, {pattern}, mean, relaxed r = {rank} ({init} init)"
+    return Row(label, "teacher", strategy, tie_init="mean", lora_rank=rank, lora_init=init, **family)
+
+
+def seed_dir(output: Path, seed: int) -> Path:
+    """A seed's folder: its rows' folders and its teachers."""
+    return output / f"seed{seed}"
+
+
+def row_dir(output: Path, row: Row, seed: int) -> Path:
+    """Where a row's run for a seed writes its log and `result.json`."""
+    return seed_dir(output, seed) / row.directory
+
+
+def teacher_ready(seed_folder: Path, model_type: str) -> bool:
+    """Whether a seed's teacher of this family is there, its weights and its result (a fresh clone has the
+    committed result alone: the teacher is trained again)."""
+    teacher = seed_folder / TEACHER_DIRS[model_type]
+    return all((teacher / name).is_file() for name in ("teacher_result.json", "model.safetensors"))

@@ -1,0 +1,128 @@
+"""A DDP wrapper's communication hook, own hooks and settings survive the re-ties of a 2-rank run; unsurvivable ones
+are refused before the first step. Each rank dumps what it saw.
+
+Launched by tests/test_distributed.py:
+`ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 tests/scripts/ddp_comm_hook_run.py OUTPUT_DIR`.
+"""
+
+import sys
+
+import datasets
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from transformers import TrainerCallback
+
+from hf_layertie import TIED_MODELS, TyingTrainer, TyingTrainingArguments
+from launched import run_then_exit
+
+
+class CountingState:
+    """The state of `counting_hook`: the steps at which it ran (one entry per gradient bucket)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.steps = []
+
+
+def counting_hook(state, bucket):
+    state.steps.append(state.trainer.state.global_step)
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def settings(wrapper):
+    """What the wrapper was built with (as its constructor stores it), its comm hook's name and its mode."""
+    names = (
+        "device_ids", "output_device", "dim", "forward_sync_buffers", "find_unused_parameters", "gradient_as_bucket_view",
+        "static_graph", "skip_all_reduce_unused_params", "batched_grad_copy", "mixed_precision", "_bucket_config",
+        "bucket_bytes_cap_list", "bucket_bytes_cap_default", "process_group", "training",
+    )  # fmt: skip
+    return {
+        **{name: repr(getattr(wrapper, name, None)) for name in names},
+        "comm_hook": wrapper._get_ddp_logging_data().get("comm_hook"),
+    }
+
+
+class HookTheWrapper(TrainerCallback):
+    """On the DDP wrapper the Trainer built: a counting comm hook and a counting forward pre-hook; the wrapper's
+    settings are recorded at the start and at the end of training."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.state = CountingState(trainer)
+        self.forward_steps = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        wrapper = self.trainer.model_wrapped
+        assert isinstance(wrapper, torch.nn.parallel.DistributedDataParallel), type(wrapper)
+        wrapper.register_comm_hook(self.state, counting_hook)
+        wrapper.register_forward_pre_hook(lambda module, inputs: self.forward_steps.append(self.trainer.state.global_step))
+        self.settings_begin = settings(wrapper)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.settings_end = settings(self.trainer.model_wrapped)
+
+
+class PowerSGD(TrainerCallback):
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.model_wrapped.register_comm_hook(powerSGD_hook.PowerSGDState(None), powerSGD_hook.powerSGD_hook)
+
+
+def make_trainer(output_dir, max_steps):
+    model_class, _ = TIED_MODELS["tied_gpt2"]
+    torch.manual_seed(0)
+    config = model_class.config_class(n_layer=4, n_embd=32, n_head=2, n_positions=32, vocab_size=100, bos_token_id=0, eos_token_id=0)  # fmt: skip
+    ids = torch.randint(0, 100, (64, 16), generator=torch.Generator().manual_seed(1)).tolist()
+    data = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
+    args = TyingTrainingArguments(
+        output_dir=output_dir,
+        tying_strategy="random",
+        tying_initial_map="all",
+        tying_interval=2,
+        max_steps=max_steps,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        agent_seed=3,
+    )
+    return TyingTrainer(model=model_class(config), args=args, train_dataset=data, eval_dataset=data.select(range(8)))
+
+
+def main():
+    output_dir = sys.argv[1]
+    trainer = make_trainer(output_dir, max_steps=12)
+    hooked = HookTheWrapper(trainer)
+    trainer.add_callback(hooked)
+    trainer.train()
+    model = trainer.model
+
+    refused = make_trainer(output_dir, max_steps=4)
+    refused.add_callback(PowerSGD(refused))
+    try:
+        refused.train()
+        refusal = None
+    except ValueError as error:
+        refusal = (str(error), refused.state.global_step)
+
+    torch.save(
+        {
+            "world_size": trainer.args.world_size,
+            "maps": [(record["step"], record["map"]) for record in trainer.tying_records],
+            "hook_steps": hooked.state.steps,
+            "forward_steps": hooked.forward_steps,
+            "settings_begin": hooked.settings_begin,
+            "settings_end": hooked.settings_end,
+            "state_dict": {name: tensor.clone() for name, tensor in model.state_dict().items()},
+            "refusal": refusal,
+        },
+        f"{output_dir}/rank{trainer.args.process_index}.pt",
+    )
+
+
+if __name__ == "__main__":
+    run_then_exit(main)
