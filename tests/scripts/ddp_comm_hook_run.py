@@ -7,13 +7,11 @@ Launched by tests/test_distributed.py:
 
 import sys
 
-import datasets
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from transformers import TrainerCallback
 
-from hf_layertie import TIED_MODELS, TyingTrainer, TyingTrainingArguments
-from launched import run_then_exit
+from launched import random_tying_trainer, run_then_exit
 
 
 class CountingState:
@@ -70,38 +68,15 @@ class PowerSGD(TrainerCallback):
         self.trainer.model_wrapped.register_comm_hook(powerSGD_hook.PowerSGDState(None), powerSGD_hook.powerSGD_hook)
 
 
-def make_trainer(output_dir, max_steps):
-    model_class, _ = TIED_MODELS["tied_gpt2"]
-    torch.manual_seed(0)
-    config = model_class.config_class(n_layer=4, n_embd=32, n_head=2, n_positions=32, vocab_size=100, bos_token_id=0, eos_token_id=0)  # fmt: skip
-    ids = torch.randint(0, 100, (64, 16), generator=torch.Generator().manual_seed(1)).tolist()
-    data = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
-    args = TyingTrainingArguments(
-        output_dir=output_dir,
-        tying_strategy="random",
-        tying_initial_map="all",
-        tying_interval=2,
-        max_steps=max_steps,
-        per_device_train_batch_size=4,
-        learning_rate=1e-3,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        agent_seed=3,
-    )
-    return TyingTrainer(model=model_class(config), args=args, train_dataset=data, eval_dataset=data.select(range(8)))
-
-
 def main():
     output_dir = sys.argv[1]
-    trainer = make_trainer(output_dir, max_steps=12)
+    trainer = random_tying_trainer(output_dir, max_steps=12, rows=64)
     hooked = HookTheWrapper(trainer)
     trainer.add_callback(hooked)
     trainer.train()
     model = trainer.model
 
-    refused = make_trainer(output_dir, max_steps=4)
+    refused = random_tying_trainer(output_dir, max_steps=4, rows=64)
     refused.add_callback(PowerSGD(refused))
     try:
         refused.train()

@@ -1,9 +1,47 @@
-"""How every multi-process test script ends (imported by its siblings, which run with this folder on sys.path)."""
+"""What the multi-process test scripts share: the tiny re-tying run they train, and how each ends (imported by its
+siblings, which run with this folder on sys.path)."""
 
 import os
 import sys
 
+import datasets
+import torch
+
+from hf_layertie import TIED_MODELS, TyingTrainer, TyingTrainingArguments
 from hf_layertie.toolkit import process_group_ended
+
+# Tiny model sizes by plain model type.
+SIZES = {
+    "gpt2": dict(n_layer=4, n_embd=32, n_head=2, n_positions=32),
+    # Grouped-query attention: 4 query heads share 2 key/value heads.
+    "llama": dict(num_hidden_layers=4, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=32),
+}  # fmt: skip
+
+
+def random_tying_trainer(output_dir: str, max_steps: int, rows: int, model_name: str = "gpt2") -> TyingTrainer:
+    """A tiny tied model (`SIZES[model_name]`) on `rows` random 16-token rows, every block tied to block 0 at the
+    start and re-tied at random every 2 steps: many re-ties, the same on every rank."""
+    model_class, _ = TIED_MODELS[f"tied_{model_name}"]
+    torch.manual_seed(0)
+    config = model_class.config_class(**SIZES[model_name], vocab_size=100, bos_token_id=0, eos_token_id=0)
+    ids = torch.randint(0, 100, (rows, 16), generator=torch.Generator().manual_seed(1)).tolist()
+    data = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
+    args = TyingTrainingArguments(
+        output_dir=output_dir,
+        tying_strategy="random",
+        tying_initial_map="all",
+        tying_interval=2,
+        max_steps=max_steps,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        agent_seed=3,
+    )
+    return TyingTrainer(model=model_class(config), args=args, train_dataset=data, eval_dataset=data.select(range(8)))
 
 
 def run_then_exit(main) -> None:
