@@ -4,7 +4,7 @@
     python run_clm.py                      # the embedded default: offline, a few minutes on 2 CPU cores
     python run_clm.py --help               # every flag (model, data, Trainer and tying arguments)
     python run_clm.py my_args.json         # flags from a JSON or YAML file
-    accelerate launch run_clm.py ...       # several processes (see the README for CPU-only machines)
+    accelerate launch run_clm.py ...       # several processes (docs/multi-process.md: CPU-only machines)
 """
 
 from hf_layertie.language_modeling import CAUSAL_LM, run

@@ -141,6 +141,7 @@ def build_model_card(
         untied_parameters=_untied_parameter_count(model),
         eval_rows=eval_rows,
         hyperparameters=_hyperparameters(training_args),
+        tying_strategy=getattr(training_args, "tying_strategy", None),
         tying_plot=Path(tying_plot).name if tying_plot is not None else None,
         dataset_references=_dataset_references(dataset_names),
     )

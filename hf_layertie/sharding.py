@@ -1,6 +1,6 @@
 """Sharding tied models with FSDP2 (`torch.distributed.fsdp.fully_shard`), and re-tying them while sharded.
 
-Two facts decide the design (measured on torch 2.13, see the README's "Sharding tied models"):
+Two facts decide the design (measured on torch 2.13, see docs/multi-process.md, "Sharding tied models (FSDP2)"):
 
 - Under FSDP2 a Parameter must belong to exactly one FSDP group: blocks that share weights cannot each be sharded
   on their own ("Parameter ... is shared with a parameter already managed by another FSDP group"). So

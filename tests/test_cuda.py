@@ -2,11 +2,13 @@
 similarity measures there what it measures on the CPU, and a trained model reloads with equal logits. Skipped on a
 machine without one (CI); run them where one is lent (`python -m pytest tests/test_cuda.py`)."""
 
+import datasets
 import pytest
 import torch
 from test_tied_models import perturb_
-from test_tying_trainer import OptimizerMatchesModel, make_trainer, tiny_model, torch_optimizer
+from test_tying_trainer import OptimizerMatchesModel, make_trainer, tiny_model, torch_optimizer, tying_args
 
+from hf_layertie import TyingTrainer
 from hf_layertie.block_similarity import block_angular_distances
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -44,3 +46,27 @@ def test_a_model_trained_on_the_gpu_reloads_with_equal_logits(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(reloaded(ids).logits, trainer.model.eval()(ids).logits)
     assert reloaded.tying_map == trainer.model.tying_map
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_distilled_run_keeps_its_teacher_on_the_students_device_and_dtype(tmp_path, dtype):
+    """A float32 teacher checkpoint runs on the GPU in the student's dtype, frozen, and the training loss is the
+    mix computed by hand there."""
+    from test_distillation import mix_by_hand, student_model, without_dropout
+
+    student_model(seed=5).save_pretrained(tmp_path / "teacher")
+    ids = torch.randint(1, 100, (4, 16), generator=torch.Generator().manual_seed(0))
+    data = datasets.Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
+    args = tying_args(
+        tmp_path / "run", tying_strategy="static:cycle:2", use_cpu=False, max_steps=1, learning_rate=0.0,
+        distill_from=str(tmp_path / "teacher"),
+    )  # fmt: skip
+    trainer = TyingTrainer(model=without_dropout(student_model()).to(dtype), args=args, train_dataset=data)
+    teacher = trainer.distillation.teacher
+    assert {(parameter.device.type, parameter.dtype) for parameter in teacher.parameters()} == {("cuda", dtype)}
+    train_loss = trainer.train().training_loss
+    with torch.no_grad():
+        logits = [model.eval()(input_ids=ids.cuda()).logits.cpu() for model in (trainer.model, teacher)]
+    mix, _ = mix_by_hand(*logits, ids, temperature=2.0, alpha=5 / 7)
+    assert train_loss == pytest.approx(mix, rel=1e-5 if dtype == torch.float32 else 1e-2)
+    assert not any(parameter.requires_grad for parameter in teacher.parameters())

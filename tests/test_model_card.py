@@ -113,6 +113,24 @@ def test_training_arguments_list_the_hyperparameters_and_every_tying_setting_giv
     assert "q_forgetting" not in card.text  # left at None: the variant's value, nothing to report
 
 
+@pytest.mark.parametrize(
+    "strategy, says",
+    [
+        ("dlt", "learned during training by Dynamic Layer Tying"),
+        ("random", "random tying decisions"),
+        ("static:cycle:2", "fixed for the whole run (`static:cycle:2`)"),
+        ("similarity:2", "grouping blocks that transform their input most similarly (`similarity:2`)"),
+        (None, "set when the model was built or converted"),
+    ],
+)
+def test_the_method_says_how_the_map_was_chosen_and_not_by_an_agent_where_none_ran(strategy, says, tmp_path):
+    arguments = TyingTrainingArguments(output_dir=str(tmp_path), tying_strategy=strategy, report_to=[]) if strategy else None
+    method = build_model_card(make_model("gpt2", [0, 0, 2, 2]), training_args=arguments).text.split("## Method")[1]
+    method = " ".join(method.split("## Tying map")[0].split())
+    assert says in method
+    assert ("agent" in method) == (strategy == "dlt")
+
+
 def test_epochs_are_listed_when_training_is_not_bounded_by_steps(tmp_path):
     arguments = TrainingArguments(output_dir=str(tmp_path / "run"), num_train_epochs=2.0)
     card = build_model_card(make_model("gpt2"), training_args=arguments)

@@ -13,7 +13,7 @@ With shuffled assignments a causal model can only resolve a chain at the query, 
 step, so a deeper model can follow longer chains: the regime where looped and tied deep models are reported to
 beat shallow ones at equal parameters.
 
-Two more settings change the format, found with `bench/multihop_probe.py` (bench/README.md, "The multi-hop task"):
+Two more settings change the format, found with `bench/multihop_probe.py` (bench/README.md, "Where depth matters: k-hop induction"):
 `tokens="pairs"` writes each assignment as one token (`c=b`, queries `?c 7`), so that a block can resolve one
 reference by attending to one token; `queries="any"` asks for any variable of any chain (the same chain may be
 asked twice; a variable's hops are its position in its chain), so that every example holds short and long

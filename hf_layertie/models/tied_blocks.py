@@ -1,6 +1,6 @@
 """The tying mechanism shared by every tied model: blocks in an `nn.ModuleList` that share Parameters.
 
-Why this design (measured on transformers 5 / torch 2.13, see the README's design notes):
+Why this design (measured on transformers 5 / torch 2.13, see docs/tied-models.md and docs/agent.md):
 
 - A tied block holds the SAME `nn.Parameter` objects as its source. `named_parameters()` and
   therefore the optimizer, gradient buffers, DDP and `state_dict` deduplication see each shared

@@ -5,12 +5,16 @@ reward's `hf_layertie.dlt.TyingReward`'s, under the same names; those classes ow
 settings a strategy reads, and their defaults, belong to the strategy (`hf_layertie.decisions`): every tying
 setting here defaults to `None`, a setting the chosen strategy does not read must stay `None` (it is refused,
 not ignored; `settings_unread_by` names them), and the strategy's defaults are filled in after construction.
+The distillation settings (`DISTILLATION_SETTINGS`) belong to no strategy: they are read by the trainer whatever the
+strategy, and follow the same rule around `distill_from` (unset: the other two must stay unset).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+import os
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -18,6 +22,13 @@ from transformers import TrainingArguments
 
 from ..decisions import DECISIONS, TyingDecisions, split_strategy
 from ..dlt.agent_config import AgentSettings
+
+# Knowledge distillation: read by `TyingTrainer` under every strategy (`hf_layertie.trainer.distillation`).
+DISTILLATION_SETTINGS = ("distill_from", "distillation_temperature", "distillation_alpha")
+# Their defaults with `distill_from`, DistilBERT's (Sanh et al., 2019; transformers' research_projects/distillation:
+# `--temperature 2.0 --alpha_ce 5.0 --alpha_mlm 2.0`): T = 2 and the KL's weight 5.0 over the KL's and the language
+# modeling loss's together, 5.0 + 2.0 (its cosine term on hidden states has no counterpart here).
+DISTILLATION_DEFAULTS = {"distillation_temperature": 2.0, "distillation_alpha": 5.0 / 7.0}
 
 
 def _setting(help_text: str) -> dataclasses.Field:
@@ -33,7 +44,7 @@ def _with_strategy_help(cls):
         item = cls.__dataclass_fields__[name] = copy.copy(cls.__dataclass_fields__[name])
         readers = [mode for mode, decisions in DECISIONS.items() if name in decisions.settings]
         defaults = {repr(DECISIONS[mode].settings[name]) for mode in readers} - {"None"}
-        default = f" (default: {defaults.pop()})" if len(defaults) == 1 else ""
+        default = f" ({defaults.pop()} when unset)" if len(defaults) == 1 else ""  # argparse adds the flag's own default
         item.metadata = MappingProxyType({**item.metadata, "help": f"{'/'.join(readers)}: {item.metadata['help']}{default}"})
     return cls
 
@@ -43,8 +54,9 @@ def _with_strategy_help(cls):
 class TyingTrainingArguments(AgentSettings, TrainingArguments):
     r"""
     [`TrainingArguments`] plus the tying method (see `hf_layertie.decisions` for the strategies, `hf_layertie.dlt`
-    for the agent and the README for every choice). Every setting but `tying_strategy` and `tying_plot` is read by
-    some strategies only; the others must leave it unset, and the defaults below apply to those that read it.
+    for the agent and docs/training.md for every choice). Every setting but `tying_strategy`, `tying_plot` and the
+    distillation settings (read under every strategy) is read by some strategies only; the others must leave it
+    unset, and the defaults below apply to those that read it.
 
     tying_strategy (`str`, defaults to `"dlt"`):
         `dlt`: a learning agent decides the map (the method). `random`: the same schedule, options and cap with
@@ -53,8 +65,9 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         `similarity_warmup_steps` steps with every block independent, tie blocks by their functional similarity
         to U distinct blocks (`hf_layertie.block_similarity`). `none`: conventional training, no tying code runs.
     dlt_variant (`str`, dlt and random, defaults to `"default"`):
-        The agent of `dlt` and the options of `random`: `"default"` (this library's agent) or `"paper"` (Hay & Wolf's
-        algorithm as the authors' code runs it; see `hf_layertie.dlt.agent_config`).
+        The agent of `dlt`: `"default"` (this library's agent) or `"paper"` (Hay & Wolf's algorithm as the authors'
+        code runs it; see `hf_layertie.dlt.agent_config`). `random` draws from the distinct options either way; there
+        the variant only picks the default `reward_kind` of the rewards it logs.
     tying_initial_map (`str`, dlt and random):
         The map training starts from: a strategy spec or entries. Defaults to every block tied to block 0, as in
         the paper: the memory saving comes from that start.
@@ -90,7 +103,7 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         How each group of the strategy's first map (`static:<spec>`'s map, `similarity:U`'s, `tying_initial_map`)
         starts from the weights the model has then: `"root"`, those its first block used; `"mean"`, the average
         of those its blocks used. Converting a trained model, use `"mean"`: never worse than `"root"` in the
-        measured comparisons (README, "Compressing a trained model"); from scratch, `"root"` keeps the initial
+        measured comparisons (bench/README.md, "Compressing a trained model (compress)"); from scratch, `"root"` keeps the initial
         weights' scale. Later decisions always share the weights of the block they tie to, as in the paper.
     lora_rank (`int`, static and similarity):
         Relaxed ties: once the strategy's map is applied, every block position gets a LoRA of this rank on each of
@@ -110,6 +123,24 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
     tying_plot (`bool`, defaults to `True`):
         Write `tying_map.png` (blocks x steps, one colour per source block) next to saved models, where matplotlib
         (the `plot` extra) is installed; without it the run says so once and draws none.
+    distill_from (`str`, every strategy):
+        Knowledge distillation (Hinton et al., 2015): the folder or Hub id of a causal language model (tied or
+        plain) whose next-token distributions the student learns besides the labels. Training then minimises
+        `(1 - alpha) * CE + alpha * T^2 * KL(teacher_T || student_T)` over the tokens the next-token loss scores
+        (`hf_layertie.trainer.distillation`); the logged training loss is that mix, `eval_loss` stays the next-token
+        loss. The teacher runs in eval mode without gradients, on the student's device and dtype, outside the
+        student's training state (never optimized, checkpointed or counted in its parameters; its memory is
+        reported as `teacher_parameters_mib`). A teacher whose vocabulary or tokenizer differs from the student's is
+        refused, and so is a masked language model student. Unset: no distillation. Converting a trained model, the
+        teacher is that model: Relaxed Recursive Transformers (Bae et al., 2024) uptrain their converted models with
+        distillation from the full-size one, Minitron (Sreenivas et al., 2024) its depth-pruned ones.
+    distillation_temperature (`float`, with `distill_from`, defaults to 2.0):
+        T, dividing both models' logits before the softmax; the KL term is multiplied by T^2 so that its gradients
+        keep their scale (Hinton et al., 2015). 2.0 is DistilBERT's (Sanh et al., 2019).
+    distillation_alpha (`float` in [0, 1], with `distill_from`, defaults to 5/7):
+        The KL term's weight; the next-token loss gets `1 - alpha`. DistilBERT weighs its KL 5.0 against its
+        masked language modeling loss's 2.0 (5/7 of the two); Minitron (Sreenivas et al., 2024) retrains pruned
+        models on the KL alone (alpha 1, T 1).
 
     A run resumed from a checkpoint must repeat the settings of the run that saved it (`resume_settings()`);
     `TyingTrainer` refuses it otherwise, naming each setting that differs.
@@ -137,10 +168,33 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         "training ('own': a converted trained model)."
     )
     tying_plot: bool = field(default=True, metadata={"help": "Write tying_map.png next to saved models."})
+    distill_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "knowledge distillation: folder or Hub id of a causal teacher (tied or plain) with the student's "
+            "vocabulary and tokenizer; the loss becomes (1 - alpha) * CE + alpha * T^2 * KL(teacher || student) at "
+            "temperature T (Hinton et al., 2015). Unset: no distillation."
+        },
+    )
+    distillation_temperature: float | None = field(
+        default=None,
+        metadata={
+            "help": "with distill_from: T, the softmax temperature of both models' logits (default: 2.0, DistilBERT's, "
+            "Sanh et al., 2019)."
+        },
+    )
+    distillation_alpha: float | None = field(
+        default=None,
+        metadata={
+            "help": "with distill_from: weight of the KL term in [0, 1], the next-token loss gets 1 - alpha (default: "
+            "5/7, DistilBERT's KL weight 5.0 over its 5.0 + 2.0 with the MLM loss; Minitron uses the KL alone, 1.0)."
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()
         self._resolve_tying_settings()
+        self._resolve_distillation_settings()
 
     @classmethod
     def tying_fields(cls) -> list[str]:
@@ -150,8 +204,9 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
 
     @classmethod
     def strategy_settings(cls) -> list[str]:
-        """The tying settings some strategy reads (every tying field but `tying_strategy` and `tying_plot`)."""
-        return [name for name in cls.tying_fields() if name not in ("tying_strategy", "tying_plot")]
+        """The tying settings some strategy reads (every tying field but `tying_strategy`, `tying_plot` and the
+        distillation settings, which the trainer reads under every strategy)."""
+        return [name for name in cls.tying_fields() if name not in ("tying_strategy", "tying_plot", *DISTILLATION_SETTINGS)]
 
     @classmethod
     def settings_unread_by(cls, tying_strategy: str) -> list[str]:
@@ -177,11 +232,22 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         and every setting it reads. A resumed run continues the saved map and agent, so another strategy, schedule,
         cap, agent or reward would silently not be the one that ran (and the model card reports them)."""
         names = ["tying_strategy", *self.decisions_class.settings]
-        return {name: getattr(self, name) for name in names}
+        return {**{name: getattr(self, name) for name in names}, **self.distillation_settings()}
+
+    def distillation_settings(self) -> dict[str, object]:
+        """The distillation settings by name, as a checkpoint records and a resumed run compares them: a teacher
+        folder by its absolute path, so that the same folder named from elsewhere is the same teacher. A resumed run
+        reloads the teacher from there; another teacher, temperature or weight would train another loss."""
+        settings = {name: getattr(self, name) for name in DISTILLATION_SETTINGS}
+        if self.distill_from is not None and os.path.isdir(self.distill_from):
+            settings["distill_from"] = os.path.realpath(self.distill_from)
+        return settings
 
     def without_tying(self) -> TyingTrainingArguments:
-        """These arguments with `tying_strategy="none"` and every strategy setting unset (evaluation only)."""
-        return dataclasses.replace(self, tying_strategy="none", **dict.fromkeys(self.strategy_settings()))
+        """These arguments with `tying_strategy="none"` and every strategy and distillation setting unset
+        (evaluation only: nothing trains, so no teacher is loaded)."""
+        unset = dict.fromkeys([*self.strategy_settings(), *DISTILLATION_SETTINGS])
+        return dataclasses.replace(self, tying_strategy="none", **unset)
 
     def _resolve_tying_settings(self) -> None:
         """Refuse settings the strategy does not read, then take the values the strategy resolves for those it reads."""
@@ -203,3 +269,22 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
             )
         for name, value in decisions.resolved_settings(self).items():
             setattr(self, name, value)
+
+    def _resolve_distillation_settings(self) -> None:
+        """Without `distill_from`, refuse a temperature or weight (they would be ignored); with it, fill in their
+        defaults (`DISTILLATION_DEFAULTS`) and check their ranges."""
+        if self.distill_from is None:
+            given = [name for name in DISTILLATION_DEFAULTS if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} only apply with distill_from: set distill_from or leave them unset")
+            return
+        if not isinstance(self.distill_from, str) or not self.distill_from:
+            raise ValueError(f"distill_from must be a teacher's folder or Hub id, got {self.distill_from!r}")
+        for name, default in DISTILLATION_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, default)
+        temperature, alpha = self.distillation_temperature, self.distillation_alpha
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
+            raise ValueError(f"distillation_temperature must be a positive number, got {temperature!r}")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
+            raise ValueError(f"distillation_alpha must be in [0, 1], got {alpha!r}")

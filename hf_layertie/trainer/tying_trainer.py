@@ -14,6 +14,10 @@ was saved under other tying settings (`TyingTrainingArguments.resume_settings`).
 tying state too, so that a run whose last outputs were lost is finished from it without training a step more.
 Checkpoints also carry the run's training totals (`TrainingTotals`), so that a resumed run reports the whole run's
 training loss, runtime and speeds.
+
+With `distill_from`, the loss is the mix of the next-token loss and the KL from a frozen teacher
+(`hf_layertie.trainer.distillation`): the teacher lives beside the model, not in it, so it never reaches the
+optimizer, the DDP wrapper or a checkpoint, and a resumed run loads it again.
 """
 
 from __future__ import annotations
@@ -59,9 +63,10 @@ from .checkpoint_format import (
     starting_model,
     write_tying_state,
 )
+from .distillation import Distillation
 from .non_finite_loss import NonFiniteLossGuard
 from .optimizer_sync import add_to_optimizer, rebuild_data_parallel, sync_optimizer_with_model
-from .training_args import TyingTrainingArguments
+from .training_args import DISTILLATION_SETTINGS, TyingTrainingArguments
 from .training_totals import TrainingTotals
 from .tying_history import TyingHistory
 from .tying_plot import plot_tying_history, require_matplotlib
@@ -99,6 +104,8 @@ class TyingTrainer(Trainer):
     Attributes:
         decisions: the strategy (`hf_layertie.decisions.TyingDecisions`) owning the run's tying decisions.
         tying_seconds: wall time of the tying work, by part (`OVERHEAD_PARTS`); `sum(...)` is the agent's overhead.
+        distillation: with `distill_from`, the teacher and the loss (`Distillation`, also `compute_loss_func`);
+            else None.
     """
 
     def __init__(
@@ -142,6 +149,7 @@ class TyingTrainer(Trainer):
         # untie_init="own": each block's weights when training started, on CPU (a resumed run takes them again from
         # the model it was given: the one its first run started from).
         self._starting_weights = self._block_weights() if args.untie_init == "own" else None
+        self.distillation = self._start_distillation()
         start = self.decisions.start(self._observation())
         if start is not None:
             self._take(start)
@@ -164,6 +172,37 @@ class TyingTrainer(Trainer):
             f"TiedBertForMaskedLM or another TiedBlocksMixin model), got {type(self.model).__name__}; "
             f"use tying_strategy='none' for conventional training"
         )
+
+    def _start_distillation(self) -> Distillation | None:
+        """With `distill_from`, load the teacher and make the mixed loss the Trainer's `compute_loss_func`, so that
+        the Trainer counts the scored tokens and scales the loss as it does the model's own (the count spans the
+        accumulated micro-batches and the processes: the mix averages exactly). Logs the teacher's memory once."""
+        args = self.args
+        if args.distill_from is None:
+            return None
+        if self.compute_loss_func is not None or args.label_smoothing_factor != 0:
+            raise ValueError(
+                "distill_from replaces the training loss: leave compute_loss_func and label_smoothing_factor unset "
+                "(the next-token term of the mix is the plain cross-entropy)"
+            )
+        distillation = Distillation.load(
+            args.distill_from, args.distillation_temperature, args.distillation_alpha, self.model, self.processing_class
+        )
+        self.compute_loss_func = distillation
+        student_mib = sum(parameter.numel() * parameter.element_size() for parameter in self.model.parameters()) / 2**20
+        logger.info(
+            f"Distilling from {args.distill_from} (T={args.distillation_temperature}, alpha={args.distillation_alpha:.4g}): "
+            f"the teacher holds {distillation.parameters_mib:,.2f} MiB of frozen parameters on {distillation.teacher.device}, outside "
+            f"the student's training state (its parameters: {student_mib:,.2f} MiB, before gradients and optimizer state)"
+        )
+        return distillation
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """`Trainer.compute_loss`; distilling, the teacher first scores the micro-batch. Only in training: evaluation
+        (the model in eval mode) keeps the student's next-token loss."""
+        if self.distillation is not None and model.training:
+            self.distillation.observe(inputs)
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
     def _select_reward_examples(self, reward_dataset):
         dataset = reward_dataset if reward_dataset is not None else self.eval_dataset
@@ -222,6 +261,8 @@ class TyingTrainer(Trainer):
             self._totals, self._sitting_start = self._training_totals(metrics["train_runtime"]), None
             self._finish_decisions()
         metrics.update(self._totals.metrics(self.state.global_step, self._samples_per_step(), self.state.total_flos))
+        if self.distillation is not None:
+            metrics["teacher_parameters_mib"] = self.distillation.parameters_mib
         return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
 
     def _finish_from(self, checkpoint: str) -> dict[str, float]:
@@ -433,7 +474,10 @@ class TyingTrainer(Trainer):
         """What `tying_state.pt` holds (collective: every process calls it, see `TyingDecisions.state_dict`)."""
         return {
             "tying_strategy": self.args.tying_strategy,
-            "settings": {name: getattr(self.args, name) for name in self.args.strategy_settings()},
+            "settings": {
+                **{name: getattr(self.args, name) for name in self.args.strategy_settings()},
+                **self.args.distillation_settings(),
+            },
             "decisions": {**self.history.state_dict(), **self.decisions.state_dict(self._observation())},
             "starting_model": starting_model(self.model),
             "training": dataclasses.asdict(self._training_totals()),
@@ -556,8 +600,9 @@ def check_resumes_saved_settings(args: TyingTrainingArguments, checkpoint: str, 
             f"{TYING_STATE_NAME}, so a plain Trainer saved it or its save was interrupted. {start_afresh}, or "
             f"resume from an earlier, complete checkpoint"
         )
-    # A setting the checkpoint lacks did not exist when it was saved: that run had its default.
-    saved = {"tying_strategy": state["tying_strategy"], **args.decisions_class.settings, **state["settings"]}
+    # A setting the checkpoint lacks did not exist when it was saved: that run had its default (no distillation).
+    defaults = {**args.decisions_class.settings, **dict.fromkeys(DISTILLATION_SETTINGS)}
+    saved = {"tying_strategy": state["tying_strategy"], **defaults, **state["settings"]}
     # Under another strategy the other settings are moot: name the strategy alone.
     names = ["tying_strategy"] if saved["tying_strategy"] != wanted["tying_strategy"] else list(wanted)
     differing = [f"{name}={saved.get(name)!r} there, {wanted[name]!r} here" for name in names if saved.get(name) != wanted[name]]
@@ -602,7 +647,7 @@ def _refuse_fsdp(model, fsdp_enabled: bool) -> None:
             "TyingTrainer does not shard tied models with FSDP (fsdp / accelerate's FSDP plugin): FSDP would wrap tied "
             "blocks in separate groups and cannot follow re-ties. Train on several processes with DDP (accelerate "
             "launch --multi_gpu), or shard the model yourself with hf_layertie.shard_tied_model and re-tie it with "
-            "retie_sharded under torchrun (README: Sharding tied models)"
+            "retie_sharded under torchrun (docs/multi-process.md)"
         )
 
 

@@ -19,15 +19,16 @@ SIZES = {
 }  # fmt: skip
 
 
-def random_tying_trainer(output_dir: str, max_steps: int, rows: int, model_name: str = "gpt2") -> TyingTrainer:
+def random_tying_trainer(output_dir: str, max_steps: int, rows: int, model_name: str = "gpt2", **settings) -> TyingTrainer:
     """A tiny tied model (`SIZES[model_name]`) on `rows` random 16-token rows, every block tied to block 0 at the
-    start and re-tied at random every 2 steps: many re-ties, the same on every rank."""
+    start and re-tied at random every 2 steps: many re-ties, the same on every rank. `settings` add to or replace
+    the `TyingTrainingArguments`."""
     model_class, _ = TIED_MODELS[f"tied_{model_name}"]
     torch.manual_seed(0)
     config = model_class.config_class(**SIZES[model_name], vocab_size=100, bos_token_id=0, eos_token_id=0)
     ids = torch.randint(0, 100, (rows, 16), generator=torch.Generator().manual_seed(1)).tolist()
     data = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
-    args = TyingTrainingArguments(
+    args = dict(
         output_dir=output_dir,
         tying_strategy="random",
         tying_initial_map="all",
@@ -41,6 +42,7 @@ def random_tying_trainer(output_dir: str, max_steps: int, rows: int, model_name:
         disable_tqdm=True,
         agent_seed=3,
     )
+    args = TyingTrainingArguments(**{**args, **settings})
     return TyingTrainer(model=model_class(config), args=args, train_dataset=data, eval_dataset=data.select(range(8)))
 
 

@@ -1,0 +1,203 @@
+"""Tables in hand-written Markdown, generated from the records they report, never typed.
+
+A table sits between two HTML comments, which GitHub and the Hub do not render:
+
+    <!-- generated {"source": "bench/reports/study/default/results.json", "rows": ["none", "dlt"],
+                    "columns": [{"header": "test loss", "value": "test_loss", "format": "estimate"}]} -->
+    ...the table, written by this module...
+    <!-- end generated -->
+
+(the JSON on one line). `python bench/markdown_tables.py` rewrites every such block in the repository's Markdown
+from its source; `--check` changes nothing and fails naming each block that differs, as tests/test_docs.py does.
+So a number in the README or a guide is the one its results.json holds, and a regenerated report updates them.
+
+The JSON of a block:
+- `source`: a results.json, relative to the repository root; its `rows` mapping (or `rows_key`'s) holds the rows.
+- `rows`: each a row label, or an object `{"row": label, "source": ..., "rows_key": ..., "name": shown name,
+  <text keys>}` for a row from another file or with text cells.
+- `columns`: each `{"header": h, "value": "dotted.path", "format": f}` (a value of the row's record; `{key}` in
+  the path is the row object's text, e.g. `"{versus}"`) or `{"header": h, "text": key}` (the row object's text).
+  The first column is the row's name, titled `first`.
+- `format`: `estimate` (a value with its `<path>_half_width` sibling, or a `[mean, half_width]` pair),
+  `difference` (a paired `{mean, half_width}`), `verdict` (the same with its verdict), `seeds` (a list's length),
+  or a Python format spec (`.1f`); default `str`.
+- `{"table": "settings"}` instead: every setting `TyingTrainingArguments` adds to transformers' own, with the
+  strategies that read it and its default (from the strategy registry, as `--help` says).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO_ROOT))
+
+BLOCK = re.compile(r"^<!-- generated (\{[^\n]*\}) -->\n(.*?)^<!-- end generated -->$", re.MULTILINE | re.DOTALL)
+# Folders whose Markdown is not the repository's own: run outputs, caches, the records of the study.
+SKIPPED_FOLDERS = {".git", "outputs", "bench/results", "build", "dist", ".pytest_cache"}
+
+
+def markdown_files(root: Path = REPO_ROOT) -> list[Path]:
+    """Every Markdown file of the repository (not under run outputs, records or build folders)."""
+    def skipped(path: Path) -> bool:
+        relative = path.relative_to(root).as_posix()
+        return any(relative == folder or relative.startswith(folder + "/") for folder in SKIPPED_FOLDERS) or any(
+            part.endswith(".egg-info") for part in path.relative_to(root).parts
+        )
+
+    return sorted(path for path in root.rglob("*.md") if not skipped(path))
+
+
+def render(spec: dict, root: Path = REPO_ROOT) -> str:
+    """The Markdown table a block's JSON asks for, ending with a newline."""
+    if spec.get("table") == "settings":
+        return _settings_table()
+    columns = spec["columns"]
+    lines = ["| " + " | ".join([spec.get("first", "")] + [column["header"] for column in columns]) + " |"]
+    lines.append("|" + "---|" * (len(columns) + 1))
+    for row in spec["rows"]:
+        row = {"row": row} if isinstance(row, str) else row
+        record = _record(row, spec, root)
+        cells = [row.get("name", row["row"])] + [_cell(column, row, record) for column in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _record(row: dict, spec: dict, root: Path) -> dict:
+    source = row.get("source", spec.get("source"))
+    if source is None:
+        raise ValueError(f"generated table: row {row['row']!r} has no source (give `source` to the table or the row)")
+    results = json.loads((root / source).read_text())
+    rows_key = row.get("rows_key", spec.get("rows_key", "rows"))
+    try:
+        return results[rows_key][row["row"]]
+    except KeyError:
+        raise ValueError(f"generated table: {source} has no row {row['row']!r} under {rows_key!r}") from None
+
+
+def _value(record: dict, path: str):
+    """The value at `path`; None where only its last key is missing (a row compared with itself has no
+    `versus.<itself>`), an error where a key before it is (a wrong path)."""
+    *parents, last = path.split(".")
+    value = record
+    for key in parents:
+        if not isinstance(value, dict) or key not in value:
+            raise ValueError(f"generated table: no {path!r} in the row (missing {key!r})")
+        value = value[key]
+    if not isinstance(value, dict):
+        raise ValueError(f"generated table: {path!r}: {'.'.join(parents)!r} holds no keys")
+    return value.get(last)
+
+
+def _cell(column: dict, row: dict, record: dict) -> str:
+    if "text" in column:
+        return str(row.get(column["text"], ""))
+    path = column["value"].format_map(row)  # `{key}`: the row object's text, so each row may read its own value
+    value = _value(record, path)
+    return format_value(value, column.get("format"), record, path)
+
+
+def format_value(value, style: str | None, record: dict | None = None, path: str = "") -> str:
+    """One cell: see the module docstring for the styles."""
+    if value is None:
+        return ""
+    if style == "estimate":
+        if isinstance(value, (list, tuple)):
+            value, half = value
+        else:
+            half = _value(record, path + "_half_width")
+            if path.rsplit(".", 1)[-1] + "_half_width" not in (_value(record, path.rsplit(".", 1)[0]) if "." in path else record):
+                raise ValueError(f"generated table: {path!r} has no {path}_half_width beside it for `estimate`")
+        return f"{value:.3f}" if half is None or math.isnan(half) else f"{value:.3f} ± {half:.3f}"
+    if style in ("difference", "verdict"):
+        text = f"{value['mean']:+.3f}"
+        if value.get("half_width") is not None and not math.isnan(value["half_width"]):
+            text += f" ± {value['half_width']:.3f}"
+        return f"{text} ({value['verdict']})" if style == "verdict" else text
+    if style == "seeds":
+        return str(len(value) if isinstance(value, (list, tuple)) else value)
+    return format(value, style) if style else str(value)
+
+
+def _settings_table() -> str:
+    """Every tying setting, with the strategies that read it, its default and its help, from the registry."""
+    from transformers import TrainingArguments
+
+    from hf_layertie import TyingTrainingArguments
+    from hf_layertie.decisions import DECISIONS
+    from hf_layertie.trainer.training_args import DISTILLATION_DEFAULTS
+
+    lines = ["| setting | read by | default | what |", "|---|---|---|---|"]
+    for item in dataclasses.fields(TyingTrainingArguments):
+        if item.name in TrainingArguments.__dataclass_fields__ or not item.init:
+            continue
+        readers = [mode for mode, decisions in DECISIONS.items() if item.name in decisions.settings]
+        defaults = sorted({repr(DECISIONS[mode].settings[item.name]) for mode in readers} - {"None"})
+        value = DISTILLATION_DEFAULTS.get(item.name, item.default)
+        default = " / ".join(defaults) if readers else (f"{value:.4g}" if isinstance(value, float) else repr(value))
+        default = f"`{default}`" if default else "-"  # unset: the strategy or the agent variant decides (the text says)
+        help_text = item.metadata.get("help", "")
+        if readers:  # the registry's prefix and default, which the columns already say
+            help_text = re.sub(r" \([^()]* when unset\)$", "", help_text.removeprefix("/".join(readers) + ": "))
+        read_by = ", ".join(f"`{mode}`" for mode in readers) or "every strategy"
+        help_text = help_text.replace("|", r"\|")  # a bar in a table cell, escaped as GitHub reads it
+        lines.append(f"| `{item.name}` | {read_by} | {default} | {help_text} |")
+    return "\n".join(lines) + "\n"
+
+
+def refreshed(text: str, root: Path = REPO_ROOT) -> str:
+    """`text` with every generated block rewritten from its source."""
+    def replace(match: re.Match) -> str:
+        return f"<!-- generated {match.group(1)} -->\n{render(json.loads(match.group(1)), root)}<!-- end generated -->"
+
+    return BLOCK.sub(replace, text)
+
+
+def stale_blocks(path: Path, root: Path = REPO_ROOT) -> list[str]:
+    """The JSON of each block of `path` whose table differs from what its source regenerates."""
+    text = path.read_text()
+    return [match.group(1) for match in BLOCK.finditer(text) if match.group(2) != render(json.loads(match.group(1)), root)]
+
+
+def refresh_markdown(root: Path = REPO_ROOT) -> list[Path]:
+    """Rewrite every stale generated table from its source, after a report is written; a table whose source lacks a
+    row it names (a study still running) is left as it was, with a warning naming it."""
+    updated = []
+    for path in markdown_files(root):
+        text = path.read_text()
+        try:
+            new = refreshed(text, root)
+        except (ValueError, FileNotFoundError) as error:
+            print(f"warning: {path.relative_to(root)}: tables left as they were: {error}")
+            continue
+        if new != text:
+            path.write_text(new)
+            updated.append(path)
+            print(f"updated the tables of {path.relative_to(root)}")
+    return updated
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="Change nothing; fail naming each stale block.")
+    args = parser.parse_args()
+    if not args.check:
+        for path in markdown_files():  # errors name the file, the row and the path
+            if (text := path.read_text()) != (new := refreshed(text)):
+                path.write_text(new)
+                print(f"updated {path.relative_to(REPO_ROOT)}")
+        return
+    stale = [f"{path.relative_to(REPO_ROOT)}: {spec}" for path in markdown_files() for spec in stale_blocks(path)]
+    if stale:
+        raise SystemExit("stale generated tables (run python bench/markdown_tables.py):\n" + "\n".join(stale))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The documentation cannot rot: its tables are its records', its links resolve, its guides' commands run.
+
+- Every generated table (`<!-- generated {...} -->`, bench/markdown_tables.py) equals what its results.json
+  regenerates, and no hand-written Markdown types a study figure outside one.
+- Every relative link and image in every Markdown file points at a file that exists, and at a heading that exists.
+- Every block a guide in docs/ marks `<!-- runnable -->` runs, in order, in a fresh folder, as a user would.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.markdown_tables import BLOCK, REPO_ROOT, markdown_files, stale_blocks
+
+MARKDOWN = markdown_files()
+# Written by a run or a report, not by hand: the study's reports, example model cards, the card template.
+GENERATED = ("bench/reports/", "model_cards/example_", "hf_layertie/templates/")
+HAND_WRITTEN = [path for path in MARKDOWN if not path.relative_to(REPO_ROOT).as_posix().startswith(GENERATED)]
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+# A measured result: an estimate with its interval, or a value to three or more decimals (a loss, an accuracy).
+STUDY_FIGURE = re.compile(r"\d\s*(?:±|\+/-)\s*\d|(?<![\d.])\d+\.\d{3,}(?![\d.])")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|<img [^>]*src=\"([^\"]+)\"")
+RUNNABLE = re.compile(r"^<!-- runnable -->\n```(bash|python)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+GUIDES = sorted((REPO_ROOT / "docs").glob("*.md"))
+
+
+def _name(path: Path) -> str:
+    return path.relative_to(REPO_ROOT).as_posix()
+
+
+def test_markdown_files_are_found_and_the_guides_exist():
+    assert REPO_ROOT / "README.md" in HAND_WRITTEN and REPO_ROOT / "bench" / "README.md" in HAND_WRITTEN
+    assert any(RUNNABLE.search(guide.read_text()) for guide in GUIDES)
+
+
+@pytest.mark.parametrize("path", [path for path in MARKDOWN if BLOCK.search(path.read_text())], ids=_name)
+def test_every_generated_table_is_what_its_records_regenerate(path):
+    assert stale_blocks(path) == [], f"run `python bench/markdown_tables.py`: {_name(path)} has stale tables"
+
+
+@pytest.mark.parametrize("path", HAND_WRITTEN, ids=_name)
+def test_no_study_figure_is_typed_by_hand(path):
+    prose = FENCE.sub("", BLOCK.sub("", path.read_text()))
+    typed = [match.group(0) for match in STUDY_FIGURE.finditer(prose)]
+    assert typed == [], f"{_name(path)}: figures typed outside a generated table: {typed[:10]}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]|<[^>]+>", lambda match: "_" if match.group(0) == "_" else "", heading.strip().lower())
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    anchors, seen = set(), {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", FENCE.sub("", path.read_text()), re.MULTILINE):
+        slug = _slug(heading)
+        anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+@pytest.mark.parametrize("path", MARKDOWN, ids=_name)
+def test_every_relative_link_resolves(path):
+    broken = []
+    for match in LINK.finditer(FENCE.sub("", path.read_text())):
+        target = match.group(1) or match.group(2)
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        file_part, _, anchor = target.partition("#")
+        linked = (path.parent / file_part).resolve() if file_part else path
+        if not linked.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(f"{target} (no heading #{anchor})")
+    assert broken == [], f"{_name(path)}: {broken}"
+
+
+@pytest.mark.parametrize("guide", [guide for guide in GUIDES if RUNNABLE.search(guide.read_text())], ids=_name)
+def test_every_runnable_block_of_a_guide_runs(guide, tmp_path):
+    for script in ("run_clm.py", "run_mlm.py", "run_lambada.py", "bench"):
+        (tmp_path / script).symlink_to(REPO_ROOT / script)
+    # `python` in a block is the interpreter running the tests (CI's oldest-versions pass runs an unactivated venv).
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    # One thread per process, as the other multi-process tests run: tiny models on a shared CPU run faster so.
+    environment = os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT), "PATH": path, "OMP_NUM_THREADS": "1"}
+    for number, (language, code) in enumerate(RUNNABLE.findall(guide.read_text()), start=1):
+        command = ["bash", "-euo", "pipefail", "-c", code] if language == "bash" else [sys.executable, "-c", code]
+        done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{_name(guide)}, runnable block {number}:\n{code}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
