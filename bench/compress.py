@@ -12,7 +12,7 @@ at most `distinct_blocks` blocks owning weights (the training memory of a 4-bloc
 continued (the ceiling) and the 4-block model trained from scratch for the teacher's and the uptraining's steps
 together (the fair "train small" alternative: as many tokens as the teacher and its conversion saw). Every row is
 a fresh single-threaded process (its peak memory is its own) that writes `result.json` when it finishes; a re-run
-skips finished runs. The report, `docs/compress/results.{json,md}`, pairs each row with the best row of the
+skips finished runs. The report, `bench/reports/compress/results.{json,md}`, pairs each row with the best row of the
 "train small" kind by seed (95% t-intervals).
 
 The maps: fixed patterns (`cycle:U`, `sequence:U`), `similarity:U` measured on the loaded teacher (angular
@@ -23,6 +23,13 @@ or the U that `similarity:U` keeps). Relaxed ties (`lora_rank`, `hf_layertie.rel
 map with a LoRA per position, started from what the tie took from it (`lora_init="svd"`) or from zero, at ranks
 2 and 8 (their adapters add to the training state, which the table reports). The Llama rows (seed 0 alone) take
 the same path from a plain `LlamaForCausalLM` teacher of the same sizes: the workflow users run on real checkpoints.
+
+Distilled (issue 52; rows ending `, distilled`, GPT-2 alone): the same uptraining with knowledge distillation from
+the seed's teacher (`distill_from`, the trainer's default temperature 2 and weight 5/7), for the best conversions
+(`sequence:U` and `similarity:U` mean, without and with relaxed ties at rank 8) and for the untied baselines a user
+would distil instead: the teacher's first U blocks (Minitron-style depth pruning) and U blocks from scratch, on the
+uptraining's steps, and from scratch also on the teacher's and the uptraining's. The report's "best small" is the
+best of the untied rows from scratch and the distilled untied baselines (`Row.trains_small`), on validation loss.
 
 This file schedules the runs; the presets, the rows and their folders are `compress_settings.py`, one row's run
 `compress_run.py`, the report `compress_report.py`.
@@ -42,6 +49,7 @@ from transformers import HfArgumentParser
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.compress_report import write_report  # noqa: E402
+from bench.markdown_tables import refresh_markdown  # noqa: E402
 from bench.compress_run import run_row  # noqa: E402
 from bench.compress_settings import PRESETS, CompressSettings, Row, plan, row_dir, seed_dir, teacher_ready  # noqa: E402
 from bench.measure import task_data  # noqa: E402
@@ -58,7 +66,7 @@ class CompressArguments:
         default=None, metadata={"help": "A generated task instead of the preset's data, e.g. 'hop_induction:length=16,max_hops=2'."}
     )
     results_dir: str | None = field(default=None, metadata={"help": "Default: bench/results/compress-<preset>."})
-    report_dir: str | None = field(default=None, metadata={"help": "Default: docs/compress (preset default), else the results dir."})
+    report_dir: str | None = field(default=None, metadata={"help": "Default: bench/reports/compress (preset default), else the results dir."})
     report_only: bool = field(default=False, metadata={"help": "Write the report from finished runs; train nothing."})
     jobs: int = field(default=1, metadata={"help": "Runs side by side, each a single-threaded process (CPU)."})
     single_run: str | None = field(default=None, metadata={"help": "Internal: the row label and seed this process runs."})
@@ -85,12 +93,12 @@ class CompressArguments:
         return Path(self.results_dir) if self.results_dir else REPO_ROOT / "bench" / "results" / f"compress-{self.preset}"
 
     def report(self) -> Path:
-        """docs/compress[/<preset>] for the presets' own runs; beside the runs for tiny, another results dir or task."""
+        """bench/reports/compress[/<preset>] for the presets' own runs; beside the runs for tiny, another results dir or task."""
         if self.report_dir:
             return Path(self.report_dir)
         if self.preset == "tiny" or self.results_dir or self.task is not None:
             return self.output()
-        return REPO_ROOT / "docs" / "compress" / ("" if self.preset == "default" else self.preset)
+        return REPO_ROOT / "bench" / "reports" / "compress" / ("" if self.preset == "default" else self.preset)
 
 
 def main() -> None:
@@ -105,6 +113,7 @@ def main() -> None:
     _claim(output, settings)
     failures = [] if args.report_only else _run_all(settings, output, args.jobs)
     print(f"\nReport: {write_report(settings, plan(settings), output, args.report())}")
+    refresh_markdown()
     if failures:
         sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
 
@@ -134,9 +143,9 @@ def _family(row: Row, seed: int) -> tuple[int, str]:
 
 
 class _RowQueue:
-    """The rows to run, in order. A row that starts from its seed's teacher while that teacher is missing trains it
-    first (`compress_run.run_row`), so while it runs the other rows of its seed and family wait; if it ends without
-    a teacher, they are reported not run."""
+    """The rows to run, in order. A row that reads its seed's teacher (starts from it or distils from it,
+    `Row.needs_teacher`) while that teacher is missing trains it first (`compress_run.run_row`), so while it runs
+    the other such rows of its seed and family wait; if it ends without a teacher, they are reported not run."""
 
     def __init__(self, output: Path, todo: list[tuple[Row, int]], progress: tqdm):
         self.output, self.progress, self.failures = output, progress, []
@@ -146,12 +155,12 @@ class _RowQueue:
 
     def next_job(self) -> Job | None:
         """The first queued row that need not wait for a teacher; None while every one of them does."""
-        ready = next((item for item in self.queue if item[0].start == "scratch" or _family(*item) not in self.training_teacher), None)
+        ready = next((item for item in self.queue if not item[0].needs_teacher or _family(*item) not in self.training_teacher), None)
         if ready is None:
             return None
         self.queue.remove(ready)
         row, seed = ready
-        if row.start != "scratch" and not teacher_ready(seed_dir(self.output, seed), row.model_type):
+        if row.needs_teacher and not teacher_ready(seed_dir(self.output, seed), row.model_type):
             self.training_teacher.add(_family(row, seed))
         command = single_run_command(Path(__file__).resolve(), json.dumps([row.label, seed]))
         return Job(f"{row.label} seed {seed}", row_dir(self.output, row, seed), command, {"OMP_NUM_THREADS": "1"}, payload=(row, seed))
@@ -171,7 +180,7 @@ class _RowQueue:
                 self._drop_waiting(family)
 
     def _drop_waiting(self, family: tuple[int, str]) -> None:
-        waiting = [(row, seed) for row, seed in self.queue if row.start != "scratch" and _family(row, seed) == family]
+        waiting = [(row, seed) for row, seed in self.queue if row.needs_teacher and _family(row, seed) == family]
         for row, seed in waiting:
             self.queue.remove((row, seed))
             self.failures.append(f"{row.label} seed {seed}: not run, the run that trains its teacher failed")

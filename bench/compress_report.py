@@ -1,5 +1,7 @@
 """The report of `bench/compress.py`: one record per run, and per row its mean test loss with a 95% t-interval and
-its paired difference (by seed) to the best way of training small at the same memory, chosen on validation loss."""
+its paired difference (by seed) to the best way of getting a small model without tying at the same memory, chosen on
+validation loss among the rows that compete for it (`Row.trains_small`: untied blocks from scratch, and the untied
+baselines distilled from the teacher)."""
 
 from __future__ import annotations
 
@@ -21,20 +23,27 @@ MIB = 2**20
 
 
 def collect(rows: list[Row], seeds: tuple[int, ...], output: Path) -> dict[str, dict[int, dict]]:
-    """label -> seed -> result, for every finished run."""
+    """label -> seed -> result, for every finished run; a record from before rows could distil gets `distill`
+    None (it did not)."""
     table = {}
     for row in rows:
         table[row.label] = {}
         for seed in seeds:
             path = row_dir(output, row, seed) / "result.json"
             if path.is_file():
-                table[row.label][seed] = json.loads(path.read_text())
+                table[row.label][seed] = {"distill": None, **json.loads(path.read_text())}
     return table
 
 
-def summarise(rows: list[Row], table: dict[str, dict[int, dict]]) -> dict:
-    """Per row: its test loss and memory, and its paired difference to the best "train small" row of its family."""
-    best_small = {family: _best_small(rows, table, family) for family in dict.fromkeys(row.model_type for row in rows)}
+def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[int, ...] | None = None) -> dict:
+    """Per row: its test loss and memory, and its paired difference to the best "train small" row of its family;
+    and per family the rows that competed for it (`small_candidates`) and those that could but have not finished
+    (`small_not_competing`). With `seeds` (the preset's), only rows finished on every seed they run compete, while
+    any has."""
+    families = list(dict.fromkeys(row.model_type for row in rows))
+    candidates = {family: _small_candidates(rows, table, family, seeds) for family in families}
+    best_small = {family: _best_small(table, candidates[family]) for family in families}
+    waiting = {family: [row.label for row in rows if row.trains_small and row.model_type == family and row.label not in candidates[family]] for family in families}
     summary = {}
     for row in rows:
         runs, baseline = table[row.label], best_small[row.model_type]
@@ -53,7 +62,7 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]]) -> dict:
             "export_logit_difference": max((run.get("export_logit_difference", math.nan) for run in runs.values()), default=math.nan),
             **_accuracy(runs, table[baseline] if baseline and baseline != row.label else None),
         }
-    return {"best_small": best_small, "rows": summary}
+    return {"best_small": best_small, "small_candidates": candidates, "small_not_competing": waiting, "rows": summary}
 
 
 def _accuracy(runs: dict[int, dict], baseline: dict[int, dict] | None) -> dict:
@@ -69,15 +78,25 @@ def _accuracy(runs: dict[int, dict], baseline: dict[int, dict] | None) -> dict:
     }
 
 
-def _best_small(rows: list[Row], table: dict[str, dict[int, dict]], family: str) -> str | None:
-    """The family's best way of training small at the same memory, chosen on validation loss (not on the test)."""
-    small = [row.label for row in rows if row.start == "scratch" and row.model_type == family and table[row.label]]
-    return min(small, key=lambda label: statistics.fmean(run["validation_loss"] for run in table[label].values()), default=None)
+def _small_candidates(rows: list[Row], table: dict[str, dict[int, dict]], family: str, seeds: tuple[int, ...] | None) -> list[str]:
+    """The family's rows that compete for "best small" (`Row.trains_small`) and have runs; with `seeds`, those
+    finished on every seed they run, while any is (means over different seeds would not compare)."""
+    small = [row for row in rows if row.trains_small and row.model_type == family and table[row.label]]
+    if seeds is not None:
+        complete = [row for row in small if set(table[row.label]) >= set(row.seeds or seeds)]
+        small = complete or small
+    return [row.label for row in small]
+
+
+def _best_small(table: dict[str, dict[int, dict]], candidates: list[str]) -> str | None:
+    """The best of the candidates at the same memory, on mean validation loss (not on the test): what a user
+    choosing among them would pick."""
+    return min(candidates, key=lambda label: statistics.fmean(run["validation_loss"] for run in table[label].values()), default=None)
 
 
 def write_report(settings: CompressSettings, rows: list[Row], output: Path, report_dir: Path) -> Path:
     table = collect(rows, settings.seeds, output)
-    summary = summarise(rows, table)
+    summary = summarise(rows, table, settings.seeds)
     records = [run for label in table for run in table[label].values()]
     report_dir.mkdir(parents=True, exist_ok=True)
     payload = {"settings": json.loads(settings.fingerprint()), "seeds": list(settings.seeds), **summary, "records": records}
@@ -112,7 +131,7 @@ def _plot(plan_rows: list[Row], summary: dict, path: Path) -> None:
     axes.invert_yaxis()
     axes.set_xlabel(("test accuracy, mean over hop counts" if on_task else "test loss (nats/token)") + ", mean ± 95% interval")
     better = "higher" if on_task else "lower"
-    axes.set_title(f"Compressing a trained model ({better} is better)\ndashed: the best way of training small, its family's rows", fontsize=9)
+    axes.set_title(f"Compressing a trained model ({better} is better)\ndashed: the best small row, across its family's rows", fontsize=9)
     axes.legend(fontsize=7, loc="best")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -126,11 +145,11 @@ def _command(settings: CompressSettings) -> str:
 
 
 def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) -> str:
-    teacher = sorted({
-        (run.get("model_type", "tied_gpt2").removeprefix("tied_"), run["seed"], run["teacher_test_loss"])
-        for run in records
-        if run.get("teacher_test_loss") is not None
-    })  # fmt: skip
+    teachers: dict[tuple[str, int], list[float]] = {}  # a seed's teacher losses, in the order the rows read them
+    for run in records:
+        if run.get("teacher_test_loss") is not None:
+            losses = teachers.setdefault((run.get("model_type", "tied_gpt2").removeprefix("tied_"), run["seed"]), [])
+            losses += [] if run["teacher_test_loss"] in losses else [run["teacher_test_loss"]]
     lines = [
         "# Compressing a trained model by tying: the measured comparison",
         "",
@@ -140,16 +159,23 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
         f"{settings.distinct_blocks} blocks owning weights. "
         + (f"Task `{settings.task}`: test loss in nats per labelled token and accuracy on its test split" if settings.task
            else "Test loss in nats per token on the study's four test plays")
-        + "; 95% t-intervals over seeds; differences paired by seed against the best row of the same family that "
-        f"trains {settings.distinct_blocks} blocks from scratch (chosen on validation loss: "
-        + "; ".join(f"**{label}**" for label in summary["best_small"].values() if label)
-        + "). Memory in MiB: training state (parameters, gradients, AdamW state) and the process peak (VmHWM). "
+        + "; 95% t-intervals over seeds; differences paired by seed against the best small row of the same family "
+        "(below). "
+        + _distill_words(records)
+        + "Memory in MiB: training state (parameters, gradients, AdamW state) and the process peak (VmHWM). "
         + ("" if settings.task else "Llama rows: the same path from a plain `LlamaForCausalLM` teacher, seed 0 alone "
            "(the workflow, not a comparison). ")
         + "Export: the largest logit difference between the trained model and its `to_untied()` export "
         "loaded by stock transformers (blank: measured before the column existed).",
         "",
-        "Teacher test loss by seed before uptraining: " + ", ".join(f"{family} seed {seed}: {loss:.3f}" for family, seed, loss in teacher),
+        *_best_small_lines(settings, summary),
+        "",
+        "Teacher test loss by seed before uptraining: "
+        + ", ".join(f"{family} seed {seed}: {' then '.join(f'{loss:.3f}' for loss in losses)}" for (family, seed), losses in sorted(teachers.items()))
+        + (
+            " (two values: the teacher was trained again, its weights being kept out of git; each record names the "
+            "loss of the teacher it read, `teacher_test_loss`)" if any(len(losses) > 1 for losses in teachers.values()) else ""
+        ),
         "",
         "| row | seeds | test loss | vs best small | distinct blocks | state MiB | process MiB | train s | export |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -165,6 +191,45 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
     lines += _accuracy_lines(summary["rows"])
     lines += source_lines(records) + [""]
     return "\n".join(lines)
+
+
+def _best_small_lines(settings: CompressSettings, summary: dict) -> list[str]:
+    """Which rows competed for "best small" in each family, and the one chosen."""
+    lines = [
+        f"Best small: of the ways to get {settings.distinct_blocks} untied blocks without tying (from scratch, and the "
+        "untied baselines distilled from the teacher: from scratch, or its first blocks), the best on mean validation "
+        "loss, per family:",
+        "",
+    ]
+    for family, label in summary["best_small"].items():
+        name = family.removeprefix("tied_").replace("gpt2", "GPT-2").replace("llama", "Llama")
+        if label is None:
+            lines.append(f"- {name}: none finished yet")
+            continue
+        others = [other for other in summary["small_candidates"][family] if other != label]
+        waiting = summary.get("small_not_competing", {}).get(family, [])
+        lines.append(
+            f"- {name}: **{label}**"
+            + (f", against {'; '.join(others)}" if others else ", the only candidate")
+            + (f". Not finished on every seed, so not yet competing: {'; '.join(waiting)}" if waiting else "")
+        )
+    return lines
+
+
+def _distill_words(records: list[dict]) -> str:
+    """The distilled rows' settings and the teacher memory they hold beside their training state."""
+    distilled = [run for run in records if run.get("distill")]
+    if not distilled:
+        return ""
+    settings = sorted({(run["distill"]["temperature"], run["distill"]["alpha"]) for run in distilled})
+    teacher_mib = sorted({round(run["teacher_parameters_mib"], 2) for run in distilled if run.get("teacher_parameters_mib") is not None})
+    return (
+        "Rows ending `, distilled`: trained with knowledge distillation from their seed's teacher (`distill_from`; "
+        + ", ".join(f"temperature {temperature:g}, KL weight {alpha:.3g}" for temperature, alpha in settings)
+        + "), whose frozen parameters"
+        + (f" ({' / '.join(f'{mib:.2f}' for mib in teacher_mib)} MiB)" if teacher_mib else "")
+        + " are held beside the training state: in the process peak, not in the state column. "
+    )
 
 
 def _accuracy_lines(rows: dict[str, dict]) -> list[str]:

@@ -3,7 +3,8 @@
 The conversions take the path `run_clm.py --model_name_or_path <teacher> --tying_strategy ... --tie_init ...` takes:
 the teacher, a plain checkpoint, loaded untied into its family's tied class (`load_model`), the strategy's first map
 applied by the trainer. Every row also exports its trained model (`to_untied()`), loads the export with stock
-transformers and records the largest logit difference.
+transformers and records the largest logit difference. A distilled row (`Row.distill`) trains with
+`distill_from=<its seed's teacher>` at the trainer's default temperature and weight, whatever it starts from.
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ UPTRAIN_DATA_SEED_OFFSET = 1000
 
 
 def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed_dir: Path) -> dict:
-    """Train and measure `row` for `seed`; the teacher of the seed is trained first if it is not there yet."""
+    """Train and measure `row` for `seed`; the teacher of the seed is trained first if it is not there yet (and the
+    row reads it: starts from it or distils from it)."""
     torch.set_num_threads(1)
     datasets.disable_progress_bars()
     tokenizer, blocks = study_data(settings.block_size, settings.max_test_blocks, task=settings.task)
     teacher = seed_dir / TEACHER_DIRS[row.model_type]
-    if row.start != "scratch" and not teacher_ready(seed_dir, row.model_type):
+    if row.needs_teacher and not teacher_ready(seed_dir, row.model_type):
         _train_teacher(settings, row.model_type, seed, blocks, tokenizer, teacher)
 
     set_seed(seed)
@@ -70,15 +72,17 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
         warmup_steps=settings.warmup_steps if scratch else 0,
         data_seed=seed if row.all_tokens else seed + UPTRAIN_DATA_SEED_OFFSET,
         tying=_tying_settings(settings, row),
+        distill_from=str(teacher) if row.distill else None,
     )
     trainer = TyingTrainer(model=model, args=args, train_dataset=blocks["train"], data_collator=default_data_collator)
     meter = RunMeter(trainer)
     trainer.add_callback(meter)
-    train_seconds = trainer.train().metrics["train_runtime"]
+    train_metrics = trainer.train().metrics
+    train_seconds = train_metrics["train_runtime"]
     peak_bytes, peak_kind = process_peak_bytes()
     losses = {split: trainer.evaluate(eval_dataset=blocks[split], metric_key_prefix=split)[f"{split}_loss"] for split in ("validation", "test")}
     accuracy = hop_accuracy(model, blocks) if settings.task is not None else {}
-    teacher_result = json.loads((teacher / "teacher_result.json").read_text()) if not scratch else None
+    teacher_result = json.loads((teacher / "teacher_result.json").read_text()) if row.needs_teacher else None
     return {
         "label": row.label,
         "seed": seed,
@@ -88,6 +92,8 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
         "untie_init": row.untie_init,
         "lora_rank": row.lora_rank,
         "lora_init": row.lora_init,
+        # The teacher as a path relative to the results folder (`seed<N>/teacher-model`), and the loss's settings.
+        "distill": _distill_record(args, teacher, seed_dir.parent) if row.distill else None,
         "learning_rate": args.learning_rate,
         "train_steps": steps,
         "num_blocks": len(model.tying_map),
@@ -98,8 +104,10 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
         "trainable_parameters": model.parameter_counts().trainable,
         "validation_loss": losses["validation"],
         "test_loss": losses["test"],
-        "teacher_test_loss": None if scratch else teacher_result["test_loss"],
-        "teacher_mean_accuracy": None if scratch else teacher_result.get("mean_accuracy"),
+        "teacher_test_loss": None if teacher_result is None else teacher_result["test_loss"],
+        "teacher_mean_accuracy": None if teacher_result is None else teacher_result.get("mean_accuracy"),
+        # Distilling: the frozen teacher's parameters, held beside the training state (in the process peak, not in it).
+        "teacher_parameters_mib": train_metrics.get("teacher_parameters_mib"),
         "peak_state_bytes": meter.peak_state_bytes,
         "peak_process_bytes": peak_bytes,
         "peak_process_kind": peak_kind,
@@ -160,10 +168,19 @@ def _tying_settings(settings: CompressSettings, row: Row) -> dict:
     return {name: value for name, value in tying.items() if name == "tying_strategy" or (name in reads and value is not None)}
 
 
-def _arguments(settings: CompressSettings, output_dir: Path, seed: int, *, steps, learning_rate, warmup_steps, data_seed, tying) -> TyingTrainingArguments:
+def _distill_record(args: TyingTrainingArguments, teacher: Path, results: Path) -> dict:
+    """What a distilled row's record says of its distillation: the teacher (relative to the results folder) and the
+    temperature and weight the trainer resolved (`TyingTrainingArguments`, its defaults here)."""
+    return {"teacher": teacher.relative_to(results).as_posix(), "temperature": args.distillation_temperature, "alpha": args.distillation_alpha}
+
+
+def _arguments(
+    settings: CompressSettings, output_dir: Path, seed: int, *, steps, learning_rate, warmup_steps, data_seed, tying, distill_from=None
+) -> TyingTrainingArguments:
     return TyingTrainingArguments(
         output_dir=str(output_dir),
         **tying,
+        distill_from=distill_from,
         max_steps=steps,
         per_device_train_batch_size=settings.batch_size,
         per_device_eval_batch_size=4 * settings.batch_size,

@@ -6,6 +6,7 @@ and the report (`compress_report.py`) all read it, and so none of them imports a
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,9 +30,12 @@ class CompressSettings:
     max_test_blocks: int | None
     seeds: tuple[int, ...]
     task: str | None = None  # a generated task instead of the plays (`bench/settings.py`, BenchSettings.task)
+    # Which distilled rows run, not how any row runs (so, like the seeds, not in the fingerprint): all of them, or for
+    # a smoke test one conversion and one baseline (`_distilled_rows`).
+    smoke_test: bool = False
 
     def fingerprint(self) -> str:
-        return fingerprint(self, scheduling=("seeds",))
+        return fingerprint(self, scheduling=("seeds", "smoke_test"))
 
 
 # Each family's teacher, saved in its seed's folder as a plain transformers checkpoint (`to_untied()`): conversions
@@ -42,7 +46,7 @@ PRESETS = {
     "tiny": CompressSettings(
         n_layer=4, n_embd=32, n_head=2, block_size=32, batch_size=4, teacher_steps=12, teacher_learning_rate=3e-3,
         uptrain_steps=8, uptrain_learning_rate=1e-3, warmup_steps=0, distinct_blocks=2, tying_interval=2,
-        max_test_blocks=16, seeds=(0,),
+        max_test_blocks=16, seeds=(0,), smoke_test=True,
     ),  # fmt: skip
     # The study's model, data and teacher schedule (2,000 steps of 16 x 64 tokens at 3e-3); uptraining 1,000 steps at
     # 1e-3 (the rate of the issue's probe); k = 2 as in the study, so DLT takes 500 decisions.
@@ -65,7 +69,9 @@ PRESETS = {
 @dataclass(frozen=True)
 class Row:
     """One row of the table. `start`: "teacher" (converted), "truncated" (its first blocks), "pruned" (the blocks
-    `similarity:U` keeps independent, in order: block 0 and the U - 1 that change their input most), "scratch"."""
+    `similarity:U` keeps independent, in order: block 0 and the U - 1 that change their input most), "scratch".
+    `distill`: trained with knowledge distillation from its seed's teacher of its family (`distill_from`, the
+    trainer's default temperature and weight), whatever it starts from."""
 
     label: str
     start: str
@@ -77,10 +83,23 @@ class Row:
     lora_init: str | None = None
     model_type: str = "tied_gpt2"  # the family: every row of a family starts from that family's teacher
     seeds: tuple[int, ...] | None = None  # only these of the preset's seeds (None: all)
+    distill: bool = False  # knowledge distillation from the seed's teacher
 
     @property
     def directory(self) -> str:
         return "".join(character if character.isalnum() else "-" for character in self.label).strip("-")
+
+    @property
+    def needs_teacher(self) -> bool:
+        """Whether the row reads its seed's teacher: it starts from it, or distils from it."""
+        return self.start != "scratch" or self.distill
+
+    @property
+    def trains_small(self) -> bool:
+        """Whether the row is a way of getting the small model without tying, that the report's "best small" is
+        chosen among: untied blocks from scratch, and the untied baselines a user would distil instead (from scratch,
+        or the teacher cut to its first blocks, Minitron-style)."""
+        return self.start == "scratch" or (self.distill and self.start == "truncated")
 
 
 def plan(settings: CompressSettings) -> list[Row]:
@@ -103,6 +122,7 @@ def plan(settings: CompressSettings) -> list[Row]:
         Row(f"untied {budget} blocks from scratch, uptraining steps", "scratch"),
         Row(f"untied {budget} blocks from scratch, teacher + uptraining steps", "scratch", all_tokens=True),
     ]
+    rows += _distilled_rows(budget, settings.smoke_test)
     if settings.task is not None:
         return rows
     # The path users take with real checkpoints: a plain LlamaForCausalLM teacher converted, relaxed and exported.
@@ -115,6 +135,26 @@ def plan(settings: CompressSettings) -> list[Row]:
         Row(f"Llama: untied {budget} blocks from scratch, teacher + uptraining steps", "scratch", all_tokens=True, **llama),
     ]
     return rows
+
+
+def _distilled_rows(budget: int, smoke_test: bool = False) -> list[Row]:
+    """Knowledge distillation from the seed's teacher (issue 52): the best conversions distilled (`sequence` and
+    `similarity` with `tie_init mean`, without and with relaxed ties at rank 8), as Relaxed Recursive Transformers
+    uptrain theirs; and the untied baselines a user would distil instead, on the uptraining's steps: the teacher's
+    first blocks (Minitron-style depth pruning) and blocks from scratch, the latter also on the teacher's and the
+    uptraining's steps together. New labels (`, distilled`), so that the rows above keep their folders and records.
+    A smoke test runs two: a relaxed conversion and the baseline from scratch on the uptraining's steps (a row that
+    reads the teacher without starting from it)."""
+    strategies = (f"static:sequence:{budget}", f"similarity:{budget}")
+    conversions = [Row(f"converted, {strategy.split(':')[-2]}, mean", "teacher", strategy, tie_init="mean") for strategy in strategies]
+    conversions += [_relaxed_row(strategy, 8, "svd") for strategy in strategies]
+    rows = [dataclasses.replace(row, label=f"{row.label}, distilled", distill=True) for row in conversions]
+    rows += [
+        Row(f"teacher truncated to its first {budget} blocks, distilled", "truncated", distill=True),
+        Row(f"untied {budget} blocks from scratch, uptraining steps, distilled", "scratch", distill=True),
+        Row(f"untied {budget} blocks from scratch, teacher + uptraining steps, distilled", "scratch", all_tokens=True, distill=True),
+    ]
+    return [rows[2], rows[5]] if smoke_test else rows
 
 
 def _relaxed_row(strategy: str, rank: int, init: str, prefix: str = "", **family) -> Row:

@@ -2,7 +2,7 @@
 
     python bench/hop_depth.py --jobs 2         # 4 models x 5 seeds, about 65 minutes on 2 cores
     python bench/hop_depth.py --seeds 5,6      # more seeds later (finished runs are kept)
-    python bench/hop_depth.py --report_only    # docs/study/depth/hop_induction.{md,json,png} from finished runs
+    python bench/hop_depth.py --report_only    # bench/reports/study/depth/hop_induction.{md,json,png} from finished runs
 
 The task is `hf_layertie.data.hop_induction` (Sanford et al.'s k-hop induction, a label at every position), chosen
 because its depth need is known: a model of depth L is shown to reach about 2^(L-2) hops. Every run is one
@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.markdown_tables import refresh_markdown  # noqa: E402
 from bench.provenance import provenance, source_lines  # noqa: E402
 from bench.report import accuracy_summary, estimate, paired_difference, verdict_cell  # noqa: E402
 from bench.scheduling import Job, run_jobs, write_complete  # noqa: E402
@@ -35,7 +36,7 @@ from bench.settings import REPO_ROOT, parse_integers  # noqa: E402
 TASK = "length=64,max_hops=4"
 STEPS = 5000
 RESULTS = REPO_ROOT / "bench" / "results" / "hop-depth"
-REPORT = REPO_ROOT / "docs" / "study" / "depth"
+REPORT = REPO_ROOT / "bench" / "reports" / "study" / "depth"
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ def main() -> None:
         parser.error(str(error))
     failures = [] if args.report_only else _run_all(seeds, args.jobs, args.results_dir)
     print(f"Report: {write_report(seeds, args.results_dir, args.report_dir)}")
+    refresh_markdown()
     if failures:
         sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
 

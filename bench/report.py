@@ -34,6 +34,7 @@ from .settings import (  # noqa: E402
     core_runs,
     independent_runs,
     memory_runs,
+    plan_contrasts,
     runs_after,
     untied_label,
 )
@@ -158,8 +159,9 @@ def _verdict(mean: float, half: float) -> str:
     return "lower" if mean < 0 else "higher"
 
 
-def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
-    """One row per label: quality, budget, memory, overhead and paired differences."""
+def summarise(table: dict[str, dict[int, dict]], contrasts_of: dict[str, dict[str, str]] | None = None) -> dict[str, dict]:
+    """One row per label: quality, budget, memory, time, overhead and paired differences, with the study's baselines
+    and, for a label of `contrasts_of` (`plan_contrasts`: label -> {name: other label}), with those rows too."""
     static_at_final = [f"{layout} @ final U" for layout in STATIC_LAYOUTS]
     measured = {label: runs for label, runs in table.items() if runs}
     # Chosen on validation loss: choosing the baseline on the test plays would flatter it. Under model selection,
@@ -185,6 +187,9 @@ def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
             ]  # fmt: skip
 
         rows_versus = {name: paired_difference(runs, measured[other]) for name, other in contrasts(baselines)}
+        rows_versus |= {
+            name: paired_difference(runs, measured[other]) for name, other in (contrasts_of or {}).get(label, {}).items() if other in measured
+        }
         rows[label] = {
             "seeds": sorted(runs),
             "test_loss": loss,
@@ -197,6 +202,8 @@ def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
             "peak_state_mib": statistics.fmean(run["peak_state_bytes"] for run in results) / MIB,
             "peak_process_mib": statistics.fmean(run["peak_process_bytes"] for run in results) / MIB,
             "train_seconds": statistics.fmean(run["train_seconds"] for run in results),
+            "seconds_per_step": _seconds_per_step(results),
+            "positions": statistics.fmean(run["num_blocks"] for run in results),
             "agent_overhead": statistics.fmean(sum(run["tying_seconds"].values()) / run["train_seconds"] for run in results),
             "versus": rows_versus,
             "selected": _selected(runs, measured, contrasts(selection_baselines)),
@@ -205,6 +212,14 @@ def summarise(table: dict[str, dict[int, dict]]) -> dict[str, dict]:
             "same_runs_as": _same_runs_as(label, measured),
         }
     return {"rows": rows, "best_static_at_final_budget": best_static, "best_static_at_best_validation": best_static_selected}
+
+
+def _seconds_per_step(runs: list[dict]) -> float | None:
+    """Mean training seconds per optimizer step (None where a record predates `trained_steps`): a looped model
+    computes at every position, so it pays for its depth here."""
+    if not all("trained_steps" in run for run in runs):
+        return None
+    return statistics.fmean(run["train_seconds"] / run["trained_steps"] for run in runs)
 
 
 def _lowest(labels: list[str], measured: dict[str, dict[int, dict]], loss) -> str | None:
@@ -311,11 +326,11 @@ def verdict_cell(difference: dict | None) -> str:
     return f"{_cell(difference)} ({difference['verdict']}{_equivalence_note(difference)})" if difference else ""
 
 
-def write_report(settings: BenchSettings, output: Path, tuning: dict | None = None) -> Path:
-    """results.json, results.md and the plots, every strategy at the rate `tuning` chose (`read_learning_rates`;
-    the preset's without)."""
+def write_report(settings: BenchSettings, output: Path, tuning: dict | None = None, report_dir: Path | None = None) -> Path:
+    """results.json, results.md and the plots of the runs in `output`, into `report_dir` (default: `output`), every
+    strategy at the rate `tuning` chose (`read_learning_rates`; the preset's without)."""
     table = collect_study(settings, output, tuning["chosen"] if tuning is not None else None)
-    summary = summarise(table)
+    summary = summarise(table, plan_contrasts(settings))
     memory = [result for spec in memory_runs(settings) if (result := _try_load(output, spec)) is not None]
     baselines = json.loads((output / "settings.json").read_text())["baselines"]
     payload = {
@@ -327,16 +342,18 @@ def write_report(settings: BenchSettings, output: Path, tuning: dict | None = No
         "memory": memory,
         "runs": {label: runs for label, runs in table.items()},
     }
-    (output / "results.json").write_text(json.dumps(payload, indent=2))
-    _plot_quality(summary["rows"], baselines["bigram_test_loss"], output / "quality_vs_distinct.png")
+    report_dir = output if report_dir is None else report_dir
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "results.json").write_text(json.dumps(payload, indent=2))
+    _plot_quality(summary["rows"], baselines["bigram_test_loss"], report_dir / "quality_vs_distinct.png", by_positions=settings.partial_loops)
     if settings.task is not None:
-        _plot_accuracy(summary["rows"], output / "accuracy_by_hops.png")
+        _plot_accuracy(summary["rows"], report_dir / "accuracy_by_hops.png")
     if memory:
-        _plot_memory(memory, output / "memory_vs_depth.png")
+        _plot_memory(memory, report_dir / "memory_vs_depth.png")
     if settings.eval_interval:
-        _plot_validation(settings, summary, table, output / "validation_over_steps.png")
-    report = output / "results.md"
-    report.write_text(_markdown(settings, payload))
+        _plot_validation(settings, summary, table, report_dir / "validation_over_steps.png")
+    report = report_dir / "results.md"
+    report.write_text((_partial_loop_markdown if settings.partial_loops else _markdown)(settings, payload))
     return report
 
 
@@ -390,6 +407,48 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
     lines += _memory_lines(payload["memory"])
     memory = [run | {"label": f"memory: {run['label']}, {run['num_blocks']} blocks"} for run in payload["memory"]]
     lines += source_lines(study + memory)
+    return "\n".join(lines) + "\n"
+
+
+def _partial_loop_markdown(settings: BenchSettings, payload: dict) -> str:
+    """Preset `partial`: every row at U distinct blocks, the untied model and the loops (`partial_loop_runs`), with
+    its paired differences from the untied model and, for a loop in the middle, from the same loop at the start and
+    at the end; seconds per step beside quality, as the looped models compute more."""
+    study = _distinct_runs(payload["runs"])
+    rows, untied, bigram = payload["rows"], untied_label(settings), payload["baselines"]["bigram_test_loss"]
+    lines = [
+        f"Model: TiedGPT2 of width {settings.n_embd} ({settings.n_head} heads), context {settings.block_size}, `shakespeare-bpe` "
+        f"(2,048 tokens); {_length_words(settings)}, AdamW {_rate_words(settings, payload['learning_rates'])} cosine. "
+        f"Every row has U = {settings.max_distinct_blocks} distinct blocks, so the same parameters, gradients and "
+        f"optimizer state as `{untied}`; a loop applies them at more positions (its canonical map in the label: each "
+        f"position names the first position with its weights). Hardware: {payload['hardware']}.",
+        "",
+        "Test loss in nats per token on 4 held-out plays (Hamlet, Lear, Othello, Much Ado), mean ± 95% interval over "
+        "paired seeds; differences are paired (negative: lower loss than the other). "
+        + ("" if bigram is None else f"Count bigram of the same tokenization: {bigram:.3f}. ")
+        + "s per step: training seconds over optimizer steps, mean over seeds (it depends on the machine's load).",
+        "",
+        "| layout | seeds | test loss | vs untied U | vs the loop at the start | vs the loop at the end | positions | peak state MiB | train s | s per step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, row in rows.items():
+        versus, per_step = row["versus"], row["seconds_per_step"]
+        lines.append(
+            f"| {label} | {len(row['seeds'])} | {estimate(row['test_loss'], row['test_loss_half_width'])} "
+            f"| {_cell(versus.get('untied U'))} | {_cell(versus.get('loop at start'))} | {_cell(versus.get('loop at end'))} "
+            f"| {row['positions']:.0f} | {row['peak_state_mib']:.2f} | {row['train_seconds']:.0f} | {'' if per_step is None else f'{per_step:.3f}'} |"
+        )
+    if payload["learning_rates"]:
+        lines += _learning_rate_lines(payload["learning_rates"])
+    lines += ["", "Paired verdicts (test loss, 95% interval):", ""]
+    for label, row in rows.items():
+        for name, difference in row["versus"].items():
+            if difference is not None and name in ("untied U", "loop at start", "loop at end"):
+                lines.append(
+                    f"- {label} vs {untied if name == 'untied U' else name.replace('loop at', 'the same loop at the')}: {difference['verdict']} "
+                    f"({_cell(difference)} nats, {_seeds(difference['seeds'])}{_equivalence_note(difference)})"
+                )
+    lines += source_lines(study)
     return "\n".join(lines) + "\n"
 
 
@@ -586,32 +645,34 @@ def _memory_lines(memory: list[dict]) -> list[str]:
     return lines
 
 
-def _plot_quality(rows: dict[str, dict], bigram: float | None, path: Path) -> None:
+def _plot_quality(rows: dict[str, dict], bigram: float | None, path: Path, by_positions: bool = False) -> None:
     """Test loss with its interval against the blocks that owned weights on average, one marker per strategy (a
     label whose runs are another's is left out); strategies at the same budget are spread a little sideways. The
     legend stands beside the axes, so that it hides no point (12 untied blocks sit at the right edge), and each of up
     to 20 strategies gets its own colour. Each run's loss is that of the model it selects (its best-validation step
-    under model selection, its last step without), the loss the report's tables lead with."""
+    under model selection, its last step without), the loss the report's tables lead with. `by_positions`: against
+    the positions the blocks are applied at instead (preset `partial`, every row at the same distinct blocks)."""
     shown = [label for label in rows if rows[label]["same_runs_as"] is None]
     figure, axes = plt.subplots(figsize=(10, 5))
     at_budget: dict[float, int] = {}
     for index, label in enumerate(shown):
         row = rows[label]
         quality = row["selected"] or row
-        budget = round(row["distinct_mean"], 1)
+        x = row["positions"] if by_positions else row["distinct_mean"]
+        budget = round(x, 1)
         earlier = at_budget.get(budget, 0)  # markers already drawn at this budget
         at_budget[budget] = earlier + 1
         offset = 0.12 * earlier
         half = 0 if math.isnan(quality["test_loss_half_width"]) else quality["test_loss_half_width"]
         axes.errorbar(
-            row["distinct_mean"] + offset, quality["test_loss"], yerr=half, capsize=4, label=label,
+            x + offset, quality["test_loss"], yerr=half, capsize=4, label=label,
             fmt="os^vDP*Xph"[index % 10], color=plt.get_cmap("tab20")(index % 20),
         )  # fmt: skip
     if bigram is not None:
         axes.axhline(bigram, color="grey", linestyle="--", label=f"count bigram ({bigram:.3f})")
-    axes.set_xlabel("distinct blocks, mean over training steps")
+    axes.set_xlabel("positions (blocks applied per forward pass)" if by_positions else "distinct blocks, mean over training steps")
     axes.set_ylabel("test loss of the selected model (nats/token),\nmean ± 95% interval")
-    axes.set_title("Quality against the blocks that own weights (lower is better)")
+    axes.set_title("Quality against the positions, every row at the same distinct blocks (lower is better)" if by_positions else "Quality against the blocks that own weights (lower is better)")
     axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
     figure.savefig(path, dpi=120)

@@ -22,6 +22,7 @@ from transformers import HfArgumentParser
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.measure import count_bigram_test_loss, run, task_data  # noqa: E402
+from bench.markdown_tables import refresh_markdown  # noqa: E402
 from bench.report import LEARNING_RATES_FILE, load_result, read_learning_rates, write_learning_rates, write_report  # noqa: E402
 from bench.scheduling import Job, run_jobs, single_run_command, write_complete  # noqa: E402
 from bench.settings import (  # noqa: E402
@@ -34,6 +35,7 @@ from bench.settings import (  # noqa: E402
     parse_learning_rates,
     memory_runs,
     resolve_settings,
+    report_dir,
     results_dir,
     run_tiers,
     runs_after,
@@ -70,8 +72,9 @@ def main() -> None:
         return
     learning_rates = tuning["chosen"] if tuning is not None else None
     failures = [] if args.report_only else Scheduler(settings, output, args.jobs, not args.skip_memory, not args.memory_only, learning_rates).run()
-    report = write_report(settings, output, tuning)
+    report = write_report(settings, output, tuning, report_dir(args))
     print(f"\nReport: {report}")
+    refresh_markdown()
     if failures:
         sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
 

@@ -68,6 +68,9 @@ class BenchSettings:
     # multihop.HOP_TASKS`, e.g. "hop_induction:length=64,max_hops=4"; every run then also reports accuracy per hop
     # count, and the static layouts are also trained at the budget itself (`<layout> @ U`), not only at DLT's.
     task: str | None = None
+    # Issue 53's partial loops instead of the study's strategies (preset `partial`, `partial_loop_runs`): U untied
+    # blocks against the same U blocks looped over more positions. No agent, no memory runs.
+    partial_loops: bool = False
 
     def fingerprint(self) -> str:
         """What a result must have been measured under to be reused (everything but scheduling)."""
@@ -76,7 +79,7 @@ class BenchSettings:
 
 # Settings added after runs were recorded, with the value that behaves as before: left out of a fingerprint at that
 # value, so that the earlier runs keep theirs.
-LATER_SETTINGS = {"task": None, "early_stopping_patience": 0}
+LATER_SETTINGS = {"task": None, "early_stopping_patience": 0, "partial_loops": False}
 
 
 def fingerprint(settings, scheduling: tuple[str, ...]) -> str:
@@ -161,6 +164,11 @@ PRESETS: dict[str, BenchSettings] = {
         eval_interval=100, max_validation_blocks=64,
     ),  # fmt: skip
 }
+# Mild, mid-stack sharing at equal parameters (issue 53, part 1): the default preset's width, data, steps, batch and
+# schedule, 10 seeds, no agent and no controls. Rows: `untied, 4 blocks` and the same 4 blocks looped over 5, 6 and 8
+# positions, the repeats in the middle, at the start or at the end (`partial_loop_runs`). `n_layer` is the deepest
+# layout's 8 positions; every row sets its own depth.
+PRESETS["partial"] = dataclasses.replace(PRESETS["default"], n_layer=8, controls=False, partial_loops=True)
 
 
 def _override(help_text: str) -> dict:
@@ -177,11 +185,20 @@ class BenchArguments:
             "help": "tiny: a 2-minute smoke test. default: the CPU study (10 seeds with controls: about 7 h on 2 cores, resumable). paper: the paper's "
             "regime, one play for many epochs with dropout and model selection on validation, each run stopping 1,000 "
             "steps after its lowest validation loss (about 10 minutes per 12-block run beside another, 19 runs per seed). paper48: the same at 48 blocks x 32, budget 8 (11 to 13 minutes per run beside another, 5 seeds in about 8 h on 2 cores). depth: k-hop induction, "
-            "where depth matters, 4 blocks with a budget of 2 (about 6 minutes per run on one core). gpu: 12 x 384 on one GPU, with dropout and model selection as in paper (about an hour for 5 seeds with --jobs 8 on an H200)."
+            "where depth matters, 4 blocks with a budget of 2 (about 6 minutes per run on one core). partial: the default "
+            "preset's models and data, 4 untied blocks against the same 4 looped over 5, 6 and 8 positions (10 rows x "
+            "10 seeds, no agent). gpu: 12 x 384 on one GPU, with dropout and model selection as in paper (about an hour for 5 seeds with --jobs 8 on an H200)."
         },
     )
     results_dir: str | None = field(
-        default=None, metadata={"help": "Where runs/, results.json, results.md and the plots go. Default: bench/results/<preset>."}
+        default=None, metadata={"help": "Where the runs' records go (one folder per run). Default: bench/results/<preset>."}
+    )
+    report_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Where results.json, results.md and the plots go. Default: bench/reports/study/<preset>, the committed "
+            "report, for a preset's own runs; the results folder for tiny or another --results_dir."
+        },
     )
     jobs: int = field(default=1, metadata={"help": "Runs side by side, each a single-threaded process (CPU)."})
     report_only: bool = field(default=False, metadata={"help": "Write the report from finished runs; train nothing."})
@@ -301,6 +318,8 @@ def _check(settings: BenchSettings) -> None:
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be >= 1, got {value}")
     check_task(settings.task)
+    if settings.partial_loops:
+        partial_loop_runs(settings, 0)  # a budget with no such loops fails here
     if settings.early_stopping_patience < 0:
         raise ValueError(f"--early_stopping_patience must be >= 0, got {settings.early_stopping_patience}")
     if settings.early_stopping_patience and not settings.eval_interval:
@@ -326,6 +345,16 @@ def _check(settings: BenchSettings) -> None:
 
 def results_dir(args: BenchArguments) -> Path:
     return Path(args.results_dir) if args.results_dir is not None else REPO_ROOT / "bench" / "results" / args.preset
+
+
+def report_dir(args: BenchArguments) -> Path:
+    """bench/reports/study/<preset> for a preset's own runs (what the README and bench/README read); beside the runs
+    for tiny or another results folder, so that an experiment never overwrites a committed report."""
+    if args.report_dir is not None:
+        return Path(args.report_dir)
+    if args.preset == "tiny" or args.results_dir is not None:
+        return results_dir(args)
+    return REPO_ROOT / "bench" / "reports" / "study" / args.preset
 
 
 # ----- the plan: which runs, in which order -----
@@ -385,13 +414,15 @@ def independent_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
 def run_tiers(settings: BenchSettings) -> list[Callable[[BenchSettings, int], list[RunSpec]]]:
     """The plan's tiers, in the order a study runs them (every seed's runs of one tier before the next tier's): the
     equal-memory runs, the other strategies, the controls (presets with `controls`). A long preset stopped early
-    then has its first question's contrasts over the most seeds."""
+    then has its first question's contrasts over the most seeds. Preset `partial`: its loops alone."""
+    if settings.partial_loops:
+        return [partial_loop_runs]
     return [equal_memory_runs, other_strategy_runs] + ([control_runs] if settings.controls else [])
 
 
 def core_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
-    """The runs behind the study's main contrasts: the equal-memory runs, then the other tying strategies."""
-    return equal_memory_runs(settings, seed) + other_strategy_runs(settings, seed)
+    """The runs behind the study's main contrasts (what --tune_learning_rates tunes): every tier but the controls."""
+    return [spec for runs_of in run_tiers(settings) if runs_of is not control_runs for spec in runs_of(settings, seed)]
 
 
 def equal_memory_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
@@ -419,6 +450,65 @@ def other_strategy_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
         RunSpec("random", "random", seed),
         RunSpec("similarity", f"similarity:{settings.max_distinct_blocks}", seed),
     ]
+
+
+# Issue 53, part 1. The looped models of parameter golf's best records apply a few mid-stack layers twice (11 layers
+# at 13 positions); looping everything cost them. So: U blocks over U+1, U+2 and 2U positions, a loop of consecutive
+# blocks applied again right after itself, against U untied blocks (the same parameters, gradients and optimizer
+# state, less compute) and against the same loop at the start and at the end of the stack. The loop is as wide as
+# the extra positions at U+1 and U+2 (one block applied twice; two blocks run twice), and at 2U it is the whole
+# middle, every block but the first and the last (run U / (U-2) times). Canonical maps (each position names the
+# first position with its weights), at U = 4:
+#   5 positions: middle 0 1 1 3 4 (the lower of the two middle blocks), start 0 0 2 3 4, end 0 1 2 3 3
+#   6 positions: middle 0 1 2 1 2 5, start 0 1 0 1 4 5, end 0 1 2 3 2 3
+#   8 positions: middle 0 1 2 1 2 1 2 7, start 0 1 0 1 0 1 6 7, end 0 1 2 3 2 3 2 3
+LOOP_PLACES = ("middle", "start", "end")
+
+
+def loop_map(distinct: int, positions: int, place: str) -> list[int]:
+    """The canonical map of `distinct` blocks over `positions` with the loop at `place` (the comment above)."""
+    extra = positions - distinct
+    width = extra if extra <= distinct - 2 else distinct - 2  # 2U: the whole middle
+    if not 0 < extra <= distinct or width < 1 or extra % width:
+        raise ValueError(
+            f"no loop of {distinct} blocks over {positions} positions: U+1 and U+2 positions need U >= 3, and 2U needs "
+            "the middle's U-2 blocks to loop a whole number of times (U = 3 or 4)"
+        )
+    first = {"start": 0, "middle": (distinct - width) // 2, "end": distinct - width}[place]
+    blocks = [*range(first + width), *list(range(first, first + width)) * (extra // width), *range(first + width, distinct)]
+    return [blocks.index(block) for block in blocks]
+
+
+def loop_label(distinct: int, positions: int, place: str) -> str:
+    return f"loop {place}, {positions} positions ({' '.join(map(str, loop_map(distinct, positions, place)))})"
+
+
+def loop_positions(settings: BenchSettings) -> tuple[int, ...]:
+    budget = settings.max_distinct_blocks
+    return tuple(sorted({budget + 1, budget + 2, 2 * budget}))
+
+
+def partial_loop_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
+    """`untied, U blocks`, then at each number of positions the loop in the middle, at the start and at the end."""
+    budget = settings.max_distinct_blocks
+    loops = [
+        RunSpec(loop_label(budget, positions, place), "static:" + ",".join(map(str, loop_map(budget, positions, place))), seed, num_blocks=positions)
+        for positions in loop_positions(settings)
+        for place in LOOP_PLACES
+    ]
+    return [RunSpec(untied_label(settings), "none", seed, num_blocks=budget), *loops]
+
+
+def plan_contrasts(settings: BenchSettings) -> dict[str, dict[str, str]]:
+    """The rows a plan pairs beyond the study's baselines: label -> {name: other label}. `partial`: each loop in the
+    middle against the same loop at the start and at the end."""
+    if not settings.partial_loops:
+        return {}
+    budget = settings.max_distinct_blocks
+    return {
+        loop_label(budget, positions, "middle"): {f"loop at {place}": loop_label(budget, positions, place) for place in ("start", "end")}
+        for positions in loop_positions(settings)
+    }
 
 
 # The exploration share of the two exploration controls (`dlt, exploration 20%` and the same, then commit). It is of
@@ -508,7 +598,9 @@ def at_learning_rates(specs: list[RunSpec], learning_rates: dict[str, float] | N
 
 def memory_runs(settings: BenchSettings) -> list[RunSpec]:
     """At each depth: conventional training and DLT under the memory budget; and an untied model as deep as the
-    budget, the equal-memory alternative (first seed)."""
+    budget, the equal-memory alternative (first seed). None for `partial`: every row holds U blocks' state."""
+    if settings.partial_loops:
+        return []
     seed = settings.seeds[0]
     untied = RunSpec("none", "none", seed, "memory", num_blocks=settings.memory_max_distinct_blocks)
     return [

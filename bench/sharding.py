@@ -30,7 +30,10 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
 MODES = ("ddp", "fsdp")
+
+from bench.markdown_tables import refresh_markdown  # noqa: E402
 
 
 def main() -> None:
@@ -40,7 +43,7 @@ def main() -> None:
     parser.add_argument("--distinct", type=int, default=8, help="Distinct blocks of both maps.")
     parser.add_argument("--reties", type=int, default=6, help="Re-ties timed per mode.")
     parser.add_argument("--steps", type=int, default=2, help="Optimizer steps after each re-tie.")
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "bench" / "results" / "sharding"))
+    parser.add_argument("--output_dir", default=str(REPO_ROOT / "bench" / "reports" / "sharding"))
     parser.add_argument("--mode", choices=MODES, help="Internal: the mode this torchrun process measures.")
     args = parser.parse_args()
     if args.mode is not None:
@@ -59,6 +62,7 @@ def main() -> None:
         for path in rank_files:  # kept in results.json
             path.unlink()
     write_report(args, runs, output_dir)
+    refresh_markdown()
 
 
 def measure(args) -> None:

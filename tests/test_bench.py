@@ -325,6 +325,66 @@ def test_a_study_on_a_task_reports_accuracy_per_hop_count_for_every_strategy(tmp
     assert matplotlib.image.imread(tmp_path / "accuracy_by_hops.png").shape[0] > 100
 
 
+PARTIAL_LOOPS = {  # issue 53: 4 untied blocks, and the same 4 looped over 5, 6 and 8 positions
+    "untied, 4 blocks": ("none", 4),
+    "loop middle, 5 positions (0 1 1 3 4)": ("static:0,1,1,3,4", 5),
+    "loop start, 5 positions (0 0 2 3 4)": ("static:0,0,2,3,4", 5),
+    "loop end, 5 positions (0 1 2 3 3)": ("static:0,1,2,3,3", 5),
+    "loop middle, 6 positions (0 1 2 1 2 5)": ("static:0,1,2,1,2,5", 6),
+    "loop start, 6 positions (0 1 0 1 4 5)": ("static:0,1,0,1,4,5", 6),
+    "loop end, 6 positions (0 1 2 3 2 3)": ("static:0,1,2,3,2,3", 6),
+    "loop middle, 8 positions (0 1 2 1 2 1 2 7)": ("static:0,1,2,1,2,1,2,7", 8),
+    "loop start, 8 positions (0 1 0 1 0 1 6 7)": ("static:0,1,0,1,0,1,6,7", 8),
+    "loop end, 8 positions (0 1 2 3 2 3 2 3)": ("static:0,1,2,3,2,3,2,3", 8),
+}
+
+
+def test_the_partial_preset_loops_4_blocks_in_the_middle_at_the_start_and_at_the_end():
+    from bench.settings import core_runs, independent_runs, memory_runs
+    from hf_layertie.models.tying_map import TyingMap
+
+    settings = PRESETS["partial"]
+    assert dataclasses.replace(settings, n_layer=12, controls=True, partial_loops=False) == PRESETS["default"]
+    assert {spec.label: (spec.strategy, spec.num_blocks) for spec in independent_runs(settings, 3)} == PARTIAL_LOOPS
+    assert core_runs(settings, 0) == independent_runs(settings, 0) and memory_runs(settings) == []  # tuned: every row
+    for strategy, positions in list(PARTIAL_LOOPS.values())[1:]:
+        entries = [int(entry) for entry in strategy.removeprefix("static:").split(",")]
+        assert TyingMap(entries).to_list() == entries and len(entries) == positions  # canonical, at its depth
+        assert TyingMap(entries).num_distinct == 4  # equal parameters and training state
+
+
+@pytest.mark.slow
+def test_a_partial_study_trains_each_loop_at_its_depth_and_reports_it_against_untied_blocks(tmp_path):
+    """One loop trained at a tiny size; the report from its record under every row and two seeds (no agent, no
+    memory runs): paired with the untied blocks, and the middle loops with the same loops at the start and end."""
+    from bench.measure import run
+    from bench.report import write_report
+    from bench.settings import independent_runs
+
+    settings = dataclasses.replace(
+        PRESETS["partial"], n_embd=32, n_head=2, block_size=32, max_steps=2, batch_size=2, warmup_steps=0,
+        max_test_blocks=8, max_validation_blocks=8, seeds=(0, 1),
+    )  # fmt: skip
+    looped = run(settings, independent_runs(settings, 0)[7], tmp_path / "run")
+    assert (looped["final_map"], looped["num_blocks"], looped["distinct_peak"]) == ([0, 1, 2, 1, 2, 1, 2, 7], 8, 4)
+    (tmp_path / "settings.json").write_text(json.dumps({"fingerprint": settings.fingerprint(), "baselines": {"bigram_test_loss": None}}))
+    for seed in settings.seeds:
+        for index, spec in enumerate(independent_runs(settings, seed)):
+            (tmp_path / spec.directory).mkdir(parents=True)
+            record = {"label": spec.label, "seed": seed, "num_blocks": spec.num_blocks, "test_loss": 5 + index * (1 + seed) / 100}
+            write_complete(tmp_path / spec.directory / "result.json", looped | record)
+    report = write_report(settings, tmp_path).read_text()
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    middle = rows["loop middle, 6 positions (0 1 2 1 2 5)"]
+    assert middle["versus"]["untied U"]["mean"] == pytest.approx(0.06)  # index 4 against 0, paired: 0.04, 0.08
+    assert middle["versus"]["loop at start"]["mean"] == pytest.approx(-0.015)
+    assert middle["seconds_per_step"] == pytest.approx(looped["train_seconds"] / looped["trained_steps"])
+    assert "loop at start" not in rows["loop start, 6 positions (0 1 0 1 4 5)"]["versus"]
+    assert all(f"\n| {label} | 2 | " in report for label in PARTIAL_LOOPS)
+    assert "- loop middle, 8 positions (0 1 2 1 2 1 2 7) vs the same loop at the end: " in report
+    assert "- loop end, 5 positions (0 1 2 3 3) vs untied, 4 blocks: no difference detected (+0.045 ± " in report
+
+
 def test_a_study_stopped_early_has_its_equal_memory_contrasts_over_every_seed_first(tmp_path):
     """Every seed's equal-memory runs (and DLT's followers, before the next seed's) come before any seed's other
     strategies, and those before any control: the runs a long preset finishes first are its first question's."""
@@ -445,13 +505,18 @@ def test_compress_runs_every_row_at_the_budget_and_a_rerun_trains_nothing(tmp_pa
     records = {record["label"]: record for record in report["records"]}
     assert set(records) == {row.label for row in plan(settings)}
     assert (tmp_path / "results.png").stat().st_size > 0  # the rows against the best way of training small
+    distilled = {row.label for row in plan(settings) if row.distill}  # a smoke test: a conversion and a baseline
+    # Distilled rows (from scratch too) name the seed's teacher they read, relative to the results folder.
+    teacher = {"teacher": "seed0/teacher-model", "temperature": 2.0, "alpha": 5 / 7}
     for label, record in records.items():
         assert COMPRESS_FIELDS <= record.keys(), label
         assert math.isfinite(record["test_loss"])
+        assert record["distill"] == (teacher if label in distilled else None), label
         ceiling = label.endswith("(ceiling)")
         assert record["distinct_peak"] == (settings.n_layer if ceiling else settings.distinct_blocks), label
         # The plain export, loaded by stock transformers, computes what was trained (adapters merged per position).
         assert record["export_logit_difference"] < 1e-4, label
+    assert distilled & set(report["small_candidates"]["tied_gpt2"])  # the distilled baseline competes for best small
     # Converted rows start from the teacher, so they all hold its trained weights; the same memory as training small.
     small = records[f"untied {settings.distinct_blocks} blocks from scratch, uptraining steps"]
     assert records["converted, sequence, mean"]["peak_state_bytes"] == small["peak_state_bytes"]
@@ -476,8 +541,9 @@ def test_compress_trains_each_missing_teacher_once_and_reports_its_rows_not_run_
     from bench.scheduling import Job
 
     rows = plan(COMPRESS_PRESETS["tiny"])
-    gpt2 = [row for row in rows if row.model_type == "tied_gpt2" and row.start != "scratch"]
-    scratch = [row for row in rows if row.start == "scratch"]
+    gpt2 = [row for row in rows if row.model_type == "tied_gpt2" and row.needs_teacher]
+    scratch = [row for row in rows if not row.needs_teacher]
+    assert any(row.start == "scratch" and row.distill for row in gpt2)  # distilled from scratch: it waits too
     (tmp_path / "seed0" / gpt2[0].directory).mkdir(parents=True)
     (tmp_path / "seed0" / gpt2[0].directory / "result.json").write_text("{}")  # finished, its teacher not kept
     with tqdm(disable=True) as progress:
@@ -577,7 +643,7 @@ def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss
 @pytest.mark.parametrize("preset", [name for name, settings in PRESETS.items() if settings.controls])
 def test_the_commit_control_commits_early_and_differs_from_its_pair_by_the_commit_alone(preset):
     """Committing can only change what a run selects if exploration ends before its best-validation step: in `paper`
-    DLT's are at steps 1,600-2,300 (docs/study/paper/results.json), where the default 80% of 6,000 planned steps
+    DLT's are at steps 1,600-2,300 (bench/reports/study/paper/results.json), where the default 80% of 6,000 planned steps
     would end exploration at 4,800, after every run had stopped."""
     from bench.settings import control_runs
 
