@@ -6,6 +6,7 @@ import json
 import math
 import shutil
 
+import datasets
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
@@ -15,6 +16,7 @@ from hf_layertie.data import LAMBADA_TEST_FILE
 from hf_layertie.data.embedded import SHAKESPEARE_DIR
 from hf_layertie.lambada.run import run_lambada
 from hf_layertie.language_modeling import CAUSAL_LM, MASKED_LM, run
+from hf_layertie.toolkit import load_text_datasets, tokenize_and_group
 
 TINY_GPT2 = "n_layer=3,n_embd=16,n_head=2,n_positions=32"
 TINY_BERT = "num_hidden_layers=3,hidden_size=16,num_attention_heads=2,intermediate_size=32,max_position_embeddings=32"
@@ -368,6 +370,104 @@ def test_a_checkpoint_loads_under_the_dtype_and_attention_asked(tmp_path, text_f
 def test_a_dtype_or_attention_that_cannot_load_is_refused_naming_its_flag(tmp_path, text_files, loaded_models, flag, value, message):
     with pytest.raises(ValueError, match=message):
         run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2, flag, value))
+    assert loaded_models == []  # refused with the arguments, before any model is built
+
+
+def test_run_mlm_trains_under_the_dtype_and_attention_asked(tmp_path, text_files, loaded_models):
+    flags = ("--max_steps", "10", "--torch_dtype", "bfloat16", "--attn_implementation", "eager")
+    metrics = run(MASKED_LM, tiny_flags(tmp_path, text_files, TINY_BERT, "--tying_strategy", "static:cycle:2", *flags))
+    (model,) = loaded_models
+    assert {parameter.dtype for parameter in model.parameters()} == {torch.bfloat16}
+    assert model.config._attn_implementation == "eager"
+    assert json.loads((tmp_path / "trainer_state.json").read_text())["global_step"] == 10
+    assert math.isfinite(metrics["eval_loss"])
+
+
+# --- --streaming: the data as an IterableDataset -------------------------------------------------
+
+
+@pytest.fixture
+def trainer_inputs(monkeypatch):
+    """What the workflow hands `TyingTrainer`: its datasets and tokenizer (its constructor wrapped)."""
+    workflow = importlib.import_module("hf_layertie.language_modeling.run")
+    seen = {}
+
+    class Recording(workflow.TyingTrainer):
+        def __init__(self, *args, **kwargs):
+            seen.update(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(workflow, "TyingTrainer", Recording)
+    return seen
+
+
+def without(flags, *names):
+    """`flags` without each flag in `names` and its value."""
+    flags = list(flags)
+    for name in names:
+        index = flags.index(name)
+        del flags[index : index + 2]
+    return flags
+
+
+def test_streaming_trains_on_a_stream_for_max_steps_and_evaluates_max_eval_samples_blocks(tmp_path, text_files, trainer_inputs):
+    held_out = ("--reward_source", "held_out", "--reward_batch_size", "4")
+    metrics = run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2, "--streaming", "--max_steps", "10", *held_out))
+
+    assert isinstance(trainer_inputs["train_dataset"], datasets.IterableDataset)
+    assert json.loads((tmp_path / "trainer_state.json").read_text())["global_step"] == 10
+    assert metrics["eval_samples"] == 8 and math.isfinite(metrics["eval_loss"])
+    assert "train_samples" not in metrics and "eval_bigram_loss" not in metrics  # both need the whole training split
+    # The stream is cut into the blocks the loaded data is: the reward takes the first 4 training blocks (training
+    # skips them) and evaluation the first 8 validation blocks.
+    raw = load_text_datasets(train_file=str(text_files / "train.txt"), validation_file=str(text_files / "validation.txt"))
+    blocks = tokenize_and_group(raw, trainer_inputs["processing_class"], "text", 32)
+    assert trainer_inputs["reward_dataset"]["input_ids"] == blocks["train"]["input_ids"][:4]
+    assert next(iter(trainer_inputs["train_dataset"]))["input_ids"] == blocks["train"]["input_ids"][4]
+    assert trainer_inputs["eval_dataset"]["input_ids"] == blocks["validation"]["input_ids"][:8]
+
+
+def test_streaming_mlm_holds_out_a_validation_stream_from_a_train_file_alone(tmp_path, text_files, trainer_inputs):
+    flags = tiny_flags(tmp_path, text_files, TINY_BERT, "--tying_strategy", "static:cycle:2", "--streaming", "--max_steps", "10")
+    metrics = run(MASKED_LM, without(flags, "--validation_file", "--max_eval_samples") + ["--max_eval_samples", "4"])
+
+    assert isinstance(trainer_inputs["train_dataset"], datasets.IterableDataset)
+    assert json.loads((tmp_path / "trainer_state.json").read_text())["global_step"] == 10
+    assert metrics["eval_samples"] == 4 and math.isfinite(metrics["eval_loss"])
+    assert AutoModelForMaskedLM.from_pretrained(tmp_path).tying_map.to_list() == [0, 1, 0]
+
+
+@pytest.mark.parametrize("source", ["train_file", "embedded"])
+def test_a_stream_without_a_validation_split_holds_out_the_rows_below_the_percentage_modulo_100(tmp_path, source):
+    if source == "train_file":
+        path = write(tmp_path / "rows.txt", "\n".join(f"row {index}" for index in range(250)))
+        loaded, streamed = (load_text_datasets(train_file=path, streaming=streaming) for streaming in (False, True))
+        rows = [row["text"] for row in loaded["train"]] + [row["text"] for row in loaded["validation"]]
+        assert [row["text"] for row in streamed["validation"]] == [row for index, row in enumerate(rows) if index % 100 < 5]
+        assert [row["text"] for row in streamed["train"]] == [row for index, row in enumerate(rows) if index % 100 >= 5]
+    else:  # the shipped corpus has its own validation plays
+        loaded, streamed = load_text_datasets(), load_text_datasets(streaming=True)
+        assert isinstance(streamed, datasets.IterableDatasetDict) and set(streamed) == {"train", "validation"}
+        for split in ("train", "validation"):
+            assert [row["text"] for row in streamed[split].take(20)] == loaded[split]["text"][:20]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda flags: without(flags, "--max_steps"), "--streaming needs --max_steps to train"),
+        (lambda flags: without(flags, "--max_eval_samples"), "--streaming needs --max_eval_samples to evaluate"),
+        (
+            lambda flags: ["--dataset_name", "multihop", "--output_dir", flags[flags.index("--output_dir") + 1], "--do_train",
+                           "--max_steps", "2", "--streaming"],
+            "--streaming reads text data as a stream; --dataset_name multihop is generated in memory",
+        ),
+    ],
+    ids=["no_max_steps", "no_max_eval_samples", "generated_task"],
+)
+def test_streaming_without_what_a_stream_needs_is_refused_naming_the_flag(tmp_path, text_files, loaded_models, change, message):
+    with pytest.raises(ValueError, match=message):
+        run(CAUSAL_LM, change(tiny_flags(tmp_path, text_files, TINY_GPT2, "--streaming")))
     assert loaded_models == []  # refused with the arguments, before any model is built
 
 

@@ -66,9 +66,9 @@ def embedded_corpus_files() -> dict[str, list[Path]]:
     }
 
 
-def load_embedded_corpus() -> datasets.DatasetDict:
+def load_embedded_corpus(streaming: bool = False) -> datasets.DatasetDict | datasets.IterableDatasetDict:
     """Load the shipped corpus with the `datasets` "text" builder, as `run_clm.py` reads a `.txt` file: one
     example per line, line breaks kept (so a model learns where verse lines and speeches end, and its samples
-    look like a play)."""
+    look like a play). `streaming`: as streams (`IterableDataset`s), as `run_clm.py --streaming` reads its data."""
     data_files = {split: [str(path) for path in paths] for split, paths in embedded_corpus_files().items()}
-    return datasets.load_dataset("text", data_files=data_files, keep_linebreaks=True)
+    return datasets.load_dataset("text", data_files=data_files, keep_linebreaks=True, streaming=streaming)

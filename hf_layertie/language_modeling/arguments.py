@@ -39,6 +39,16 @@ class DataTrainingArguments:
     mlm_probability: float = field(default=0.15, metadata={"help": "run_mlm.py: share of tokens masked."})
     keep_linebreaks: bool = field(default=True, metadata={"help": "Keep line breaks of .txt files."})
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Read the data as a stream (`datasets` streaming: an IterableDataset, tokenized as training reads it) "
+            "instead of loading and tokenizing it all first. Training needs --max_steps; evaluation needs "
+            "--max_eval_samples (that many blocks of the validation split are read). Blocks come in the stream's "
+            "order, and a source without a validation split holds out every row whose index modulo 100 is below "
+            "--validation_split_percentage."
+        },
+    )
     sample_max_new_tokens: int = field(
         default=60, metadata={"help": "Tokens of the sample printed after training (run_clm.py); 0 prints none."}
     )
@@ -46,6 +56,11 @@ class DataTrainingArguments:
     def __post_init__(self):
         if self.dataset_name in HOP_TASKS:
             check_hop_task_arguments(self)
+            if self.streaming:
+                raise ValueError(
+                    f"--streaming reads text data as a stream; --dataset_name {self.dataset_name} is generated in memory: "
+                    f"drop --streaming"
+                )
         for name in ("block_size", "max_train_samples", "max_eval_samples", "preprocessing_num_workers"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

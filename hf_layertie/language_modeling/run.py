@@ -39,6 +39,7 @@ from ..toolkit import (
     missing_checkpoint_files,
     parse_command_line,
     process_group_ended,
+    read_stream,
     resolve_block_size,
     set_up_logging,
     split_reward_examples,
@@ -108,7 +109,23 @@ def parse_arguments(task: LanguageModelingTask, argv: list[str] | None = None) -
             "--validation_file needs --train_file (or --dataset_name) to train on: to evaluate the file alone, pass "
             "--do_eval without --do_train"
         )
+    if data_args.streaming:
+        check_streaming_arguments(data_args, training_args)
     return arguments
+
+
+def check_streaming_arguments(data_args: DataTrainingArguments, training_args: TyingTrainingArguments) -> None:
+    """A stream has no length: training needs a number of steps, and evaluation a number of blocks to read."""
+    if training_args.do_train and training_args.max_steps <= 0:
+        raise ValueError(
+            "--streaming needs --max_steps to train: a stream has no length, so the Trainer cannot tell how many "
+            "steps --num_train_epochs makes. Pass --max_steps N (or drop --streaming)"
+        )
+    if training_args.do_eval and data_args.max_eval_samples is None:
+        raise ValueError(
+            "--streaming needs --max_eval_samples to evaluate: that many blocks of the validation stream are read "
+            "into memory and evaluated (a stream's end is unknown). Pass --max_eval_samples N, or drop --do_eval"
+        )
 
 
 def run(task: LanguageModelingTask, argv: list[str] | None = None) -> dict[str, float]:
@@ -156,7 +173,10 @@ def _train_and_evaluate(
         if training_args.reward_source == "held_out":
             train_dataset, reward_dataset = split_reward_examples(train_dataset, training_args.reward_batch_size)
         train_dataset = take_first(train_dataset, data_args.max_train_samples)
-    eval_dataset = take_first(grouped["validation"], data_args.max_eval_samples)
+    if data_args.streaming:  # the blocks evaluated (or, training alone, the sample's prompt) are read into memory
+        eval_dataset = read_stream(grouped["validation"], data_args.max_eval_samples if training_args.do_eval else 1)
+    else:
+        eval_dataset = take_first(grouped["validation"], data_args.max_eval_samples)
     trainer = TyingTrainer(
         model=model,
         # Evaluation alone scores the model as it was saved: no strategy re-ties it.
@@ -176,7 +196,9 @@ def _train_and_evaluate(
         resume = output_dir if complete else checkpoint_to_resume(output_dir, training_args.resume_from_checkpoint)
         train_result = trainer.train(resume_from_checkpoint=resume)
         trainer.save_model()
-        metrics.update(train_result.metrics, train_samples=len(train_dataset))
+        metrics.update(train_result.metrics)
+        if not data_args.streaming:  # a stream's length is unknown
+            metrics["train_samples"] = len(train_dataset)
         trainer.log_metrics("train", train_result.metrics)
         trainer.save_state()
     if training_args.do_eval:
@@ -186,7 +208,7 @@ def _train_and_evaluate(
         if hop_task:
             scores = evaluate_multihop(trainer.model, eval_dataset, training_args.per_device_eval_batch_size)
             eval_metrics.update(multihop_metrics(scores))
-        else:
+        elif not data_args.streaming:  # the baseline counts the whole training split, which a stream does not hold
             eval_metrics.update(_baseline(task, tokenizer, grouped))
         trainer.log_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
@@ -198,7 +220,7 @@ def _train_and_evaluate(
         if hop_task:
             print_multihop_report(metrics)
         else:
-            _print_report(task, metrics, trainer.model, tokenizer, grouped["validation"], data_args.sample_max_new_tokens)
+            _print_report(task, metrics, trainer.model, tokenizer, eval_dataset, data_args.sample_max_new_tokens)
     return metrics
 
 
@@ -212,6 +234,7 @@ def _text_data_and_model(task: LanguageModelingTask, model_args: ModelArguments,
         data_args.validation_split_percentage,
         data_args.keep_linebreaks,
         model_args.cache_dir,
+        streaming=data_args.streaming,
     )
     tokenizer = load_tokenizer(
         model_args.tokenizer_name or model_args.model_name_or_path or task.tokenizer, masked=task.masked, **model_args.hub_options

@@ -22,6 +22,7 @@ from importlib import metadata
 import torch
 from packaging.specifiers import SpecifierSet
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import PreTrainedModel
 
 # The transformers versions every private API below was verified against. setup.cfg's `install_requires` must say
@@ -168,6 +169,11 @@ def children(module: nn.Module) -> dict[str, nn.Module | None]:
 def is_persistent_buffer(module: nn.Module, name: str) -> bool:
     """Whether `module`'s own buffer `name` is saved in its state dict."""
     return name not in module._non_persistent_buffers_set
+
+
+# torch: `TorchDispatchMode` (a private module, `torch.utils._python_dispatch`), the base class of the mode that
+# replays the random draws of the placeholders a lean construction builds (`lean_construction.py`).
+DispatchMode = TorchDispatchMode
 
 
 def is_fsdp_sharded(module: nn.Module) -> bool:

@@ -9,6 +9,7 @@ and checks the transformers it runs under, as the models do.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import weakref
 
 from ._compat import SUPPORTED_TRANSFORMERS  # noqa: F401 (importing it checks the installed transformers)
@@ -101,6 +102,12 @@ class TyingConfigMixin:
     def _bind(self, model) -> None:
         """Called by the model built on this config: from now on only `model.retie` changes the map."""
         bound = self._bound_model()
+        if bound is not None and bound is not model:
+            # A model no longer in use may still wait for the garbage collector (held in a reference cycle, such as an
+            # exception's traceback): only a model still reachable drives the config.
+            del bound
+            gc.collect()
+            bound = self._bound_model()
         if bound is not None and bound is not model:
             raise ValueError(
                 f"this config already drives a {type(bound).__name__}: build the new model on "

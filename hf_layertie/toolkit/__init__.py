@@ -8,6 +8,7 @@ from .checkpoints import checkpoint_to_resume, finished_training_step, last_comp
 from .data import (
     fit_tokenizer_to_model,
     load_text_datasets,
+    read_stream,
     resolve_block_size,
     split_reward_examples,
     take_first,
@@ -33,6 +34,7 @@ __all__ = [
     "missing_checkpoint_files",
     "parse_command_line",
     "process_group_ended",
+    "read_stream",
     "resolve_block_size",
     "set_up_logging",
     "split_reward_examples",

@@ -30,24 +30,33 @@ def load_text_datasets(
     validation_split_percentage: int = 5,
     keep_linebreaks: bool = True,
     cache_dir: str | None = None,
-) -> datasets.DatasetDict:
+    streaming: bool = False,
+) -> datasets.DatasetDict | datasets.IterableDatasetDict:
     """`train` and `validation` splits from a `datasets` name, from files, or (neither given) the shipped
     Shakespeare corpus, split by play. A source without a validation split gives up its last
     `validation_split_percentage`% of rows; a `validation_file` alone gives the `validation` split alone (to
-    evaluate on)."""
+    evaluate on).
+
+    `streaming`: `IterableDataset`s read as they are iterated (`datasets` streaming). A stream's end is unknown, so a
+    source without a validation split holds out every row whose index modulo 100 is below
+    `validation_split_percentage` (as transformers' run_clm.py does), and empty splits are found when they are read.
+    """
     if dataset_name is not None:
-        raw = datasets.load_dataset(dataset_name, dataset_config_name, cache_dir=cache_dir)
+        raw = datasets.load_dataset(dataset_name, dataset_config_name, cache_dir=cache_dir, streaming=streaming)
         source = f"--dataset_name {dataset_name}"
     elif train_file is not None or validation_file is not None:
-        raw = _load_files(train_file, validation_file, keep_linebreaks, cache_dir)
+        raw = _load_files(train_file, validation_file, keep_linebreaks, cache_dir, streaming)
         source = f"--train_file {train_file}" if train_file is not None else f"--validation_file {validation_file}"
     else:
         logger.info("No dataset or files given: using the Shakespeare corpus shipped with hf-layertie")
-        raw = load_embedded_corpus()
+        raw = load_embedded_corpus(streaming=streaming)
         source = "the embedded Shakespeare corpus"
     if "validation" not in raw:
-        raw = _split_validation(raw["train"], validation_split_percentage)
+        split = _split_validation_stream if streaming else _split_validation
+        raw = split(raw["train"], validation_split_percentage)
     splits = [split for split in ("train", "validation") if split in raw]
+    if streaming:
+        return datasets.IterableDatasetDict({split: raw[split] for split in splits})
     for split in splits:
         if len(raw[split]) == 0:
             raise ValueError(f"The {split} split of {source} has no rows")
@@ -55,8 +64,8 @@ def load_text_datasets(
 
 
 def _load_files(
-    train_file: str | None, validation_file: str | None, keep_linebreaks: bool, cache_dir
-) -> datasets.DatasetDict:
+    train_file: str | None, validation_file: str | None, keep_linebreaks: bool, cache_dir, streaming: bool = False
+) -> datasets.DatasetDict | datasets.IterableDatasetDict:
     named = {"train": (train_file, "--train_file"), "validation": (validation_file, "--validation_file")}
     files = {split: _check_data_file(path, flag) for split, (path, flag) in named.items() if path is not None}
     builders = {BUILDER_BY_EXTENSION[os.path.splitext(path)[1].lower()] for path in files.values()}
@@ -65,7 +74,7 @@ def _load_files(
     builder = builders.pop()
     options = {"keep_linebreaks": keep_linebreaks} if builder == "text" else {}
     try:
-        return datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir, **options)
+        return datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir, streaming=streaming, **options)
     except (datasets.exceptions.DatasetGenerationError, ValueError, UnicodeDecodeError) as error:
         cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
         raise ValueError(f"Could not read {', '.join(files.values())} as {builder}: {error}{cause}") from error
@@ -95,9 +104,29 @@ def _split_validation(train: datasets.Dataset, percentage: int) -> datasets.Data
     )
 
 
-def text_column(raw: datasets.DatasetDict, requested: str | None) -> str:
+def _split_validation_stream(train: datasets.IterableDataset, percentage: int) -> datasets.IterableDatasetDict:
+    """Rows whose index modulo 100 is below `percentage` become the validation split (a stream's end is unknown)."""
+    return datasets.IterableDatasetDict(
+        {
+            "train": train.filter(lambda _, index: index % 100 >= percentage, with_indices=True),
+            "validation": train.filter(lambda _, index: index % 100 < percentage, with_indices=True),
+        }
+    )
+
+
+def column_names(dataset: datasets.Dataset | datasets.IterableDataset) -> list[str]:
+    """The dataset's columns; a stream whose features are unknown until read (`text`, `json`) is read for one row."""
+    if dataset.column_names is not None:
+        return dataset.column_names
+    first = next(iter(dataset), None)
+    return list(first) if first is not None else []
+
+
+def text_column(raw: datasets.DatasetDict | datasets.IterableDatasetDict, requested: str | None) -> str:
     """The column that holds the text: `requested`, else `text`, else the first column (said in the log)."""
-    columns = next(iter(raw.values())).column_names
+    columns = column_names(next(iter(raw.values())))
+    if not columns:
+        raise ValueError(f"The {next(iter(raw))} split has no rows")
     if requested is not None:
         if requested not in columns:
             raise ValueError(f"--text_column_name {requested!r} is not a column of the data; its columns are {columns}")
@@ -126,20 +155,23 @@ def fit_tokenizer_to_model(tokenizer: PreTrainedTokenizerBase, model: PreTrained
 
 
 def tokenize_and_group(
-    raw: datasets.DatasetDict,
+    raw: datasets.DatasetDict | datasets.IterableDatasetDict,
     tokenizer: PreTrainedTokenizerBase,
     column: str,
     block_size: int,
     num_proc: int | None = None,
     special_tokens_mask: bool = False,
     source: str = "the data",
-) -> datasets.DatasetDict:
+) -> datasets.DatasetDict | datasets.IterableDatasetDict:
     """Tokenize every row, concatenate and cut into `block_size` chunks (the remainder is dropped).
 
     Causal LM chunks get `labels` (the model shifts them); masked LM asks for the special-tokens mask so the
     collator never masks [CLS] / [SEP]. The main process works first; the others read its cache. A text column
     that is not text (numbers, nulls) is refused naming `source` (the flag and file it came from), the column and
     the row.
+
+    Streams (`IterableDatasetDict`) are tokenized and grouped as they are read, 1,000 rows at a time as the
+    datasets are (so into the same blocks); each split is read up to its first block here, to refuse an empty one.
     """
     for split in raw:
         _check_text_feature(raw[split], column, f"the {split} split of {source}")
@@ -164,31 +196,50 @@ def tokenize_and_group(
             chunks["labels"] = [list(ids) for ids in chunks["input_ids"]]
         return chunks
 
-    with PartialState().main_process_first():
-        tokenized = datasets.DatasetDict(
+    if isinstance(raw, datasets.IterableDatasetDict):
+        if num_proc is not None:
+            logger.warning("--preprocessing_num_workers does not apply to a stream: it is tokenized as training reads it")
+        grouped = datasets.IterableDatasetDict(
             {
                 split: dataset.map(
                     tokenize,
                     fn_kwargs={"where": f"the {split} split of {source}"},
                     batched=True,
                     with_indices=True,
-                    num_proc=num_proc,
-                    remove_columns=dataset.column_names,
-                    desc="Tokenizing",
-                )
+                    remove_columns=column_names(dataset),
+                ).map(group, batched=True)
                 for split, dataset in raw.items()
             }
         )
-        grouped = tokenized.map(group, batched=True, num_proc=num_proc, desc=f"Grouping into blocks of {block_size}")
-    for split, blocks in grouped.items():
-        if len(blocks) == 0:
-            raise ValueError(
-                f"The {split} split holds fewer than --block_size={block_size} tokens: lower --block_size or add data"
+        empty = [split for split, blocks in grouped.items() if next(iter(blocks), None) is None]
+    else:
+        with PartialState().main_process_first():
+            tokenized = datasets.DatasetDict(
+                {
+                    split: dataset.map(
+                        tokenize,
+                        fn_kwargs={"where": f"the {split} split of {source}"},
+                        batched=True,
+                        with_indices=True,
+                        num_proc=num_proc,
+                        remove_columns=dataset.column_names,
+                        desc="Tokenizing",
+                    )
+                    for split, dataset in raw.items()
+                }
             )
+            grouped = tokenized.map(group, batched=True, num_proc=num_proc, desc=f"Grouping into blocks of {block_size}")
+        empty = [split for split, blocks in grouped.items() if len(blocks) == 0]
+    for split in empty:
+        raise ValueError(
+            f"The {split} split holds fewer than --block_size={block_size} tokens: lower --block_size or add data"
+        )
     return grouped
 
 
-def _check_text_feature(dataset: datasets.Dataset, column: str, where: str) -> None:
+def _check_text_feature(dataset: datasets.Dataset | datasets.IterableDataset, column: str, where: str) -> None:
+    if dataset.features is None:  # a stream's features are unknown until read: `tokenize` checks each row
+        return
     feature = dataset.features[column]
     if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string", "null")):
         raise ValueError(
@@ -197,20 +248,39 @@ def _check_text_feature(dataset: datasets.Dataset, column: str, where: str) -> N
         )
 
 
-def split_reward_examples(train: datasets.Dataset, count: int) -> tuple[datasets.Dataset, datasets.Dataset]:
+def split_reward_examples(
+    train: datasets.Dataset | datasets.IterableDataset, count: int
+) -> tuple[datasets.Dataset | datasets.IterableDataset, datasets.Dataset]:
     """Split off the first `count` training examples as the fixed batch of a held-out reward: `(train, reward)`.
 
     The one place a reward batch is carved (`reward_source="held_out"`): they are never trained on and are not
-    the evaluation data.
+    the evaluation data. From a stream, they are read into memory and the stream skips them.
     """
-    if len(train) <= count:
-        raise ValueError(
-            f"The training data has {len(train)} examples; --reward_batch_size {count} of them are held out for the "
-            f"tying reward, so at least {count + 1} are needed: add data or lower --block_size / --reward_batch_size"
-        )
-    return train.select(range(count, len(train))), train.select(range(count))
+    if isinstance(train, datasets.IterableDataset):
+        reward = read_stream(train, count)
+        if len(reward) == count:
+            return train.skip(count), reward
+        available = len(reward)
+    elif len(train) > count:
+        return train.select(range(count, len(train))), train.select(range(count))
+    else:
+        available = len(train)
+    raise ValueError(
+        f"The training data has {available} examples; --reward_batch_size {count} of them are held out for the "
+        f"tying reward, so at least {count + 1} are needed: add data or lower --block_size / --reward_batch_size"
+    )
 
 
-def take_first(dataset: datasets.Dataset, count: int | None) -> datasets.Dataset:
-    """The first `count` examples (all of them for None)."""
-    return dataset if count is None else dataset.select(range(min(count, len(dataset))))
+def take_first(dataset: datasets.Dataset | datasets.IterableDataset, count: int | None):
+    """The first `count` examples (all of them for None); of a stream, a stream of them."""
+    if count is None:
+        return dataset
+    if isinstance(dataset, datasets.IterableDataset):
+        return dataset.take(count)
+    return dataset.select(range(min(count, len(dataset))))
+
+
+def read_stream(stream: datasets.IterableDataset, count: int) -> datasets.Dataset:
+    """The first `count` examples of `stream` (fewer if it ends first), read into an in-memory `Dataset`."""
+    rows = list(stream.take(count))
+    return datasets.Dataset.from_list(rows) if rows else datasets.Dataset.from_dict({})
