@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.markdown_tables import BLOCK, REPO_ROOT, markdown_files, stale_blocks
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `bench` is a folder of the repository, not installed
+from bench.markdown_tables import BLOCK, REPO_ROOT, markdown_files, stale_blocks  # noqa: E402
 
 MARKDOWN = markdown_files()
 # Written by a run or a report, not by hand: the study's reports, example model cards, the card template.
