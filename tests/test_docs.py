@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -82,15 +83,33 @@ def test_every_relative_link_resolves(path):
     assert broken == [], f"{_name(path)}: {broken}"
 
 
-@pytest.mark.parametrize("guide", [guide for guide in GUIDES if RUNNABLE.search(guide.read_text())], ids=_name)
-def test_every_runnable_block_of_a_guide_runs(guide, tmp_path):
+RUNNABLE_GUIDES = [guide for guide in GUIDES if RUNNABLE.search(guide.read_text())]
+
+
+def _run_guide(guide: Path, folder: Path) -> str | None:
+    """Run the guide's runnable blocks in order in `folder`, as a user would; the first failure's text, or None."""
     for script in ("run_clm.py", "run_mlm.py", "run_lambada.py", "bench"):
-        (tmp_path / script).symlink_to(REPO_ROOT / script)
+        (folder / script).symlink_to(REPO_ROOT / script)
     # `python` in a block is the interpreter running the tests (CI's oldest-versions pass runs an unactivated venv).
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     # One thread per process, as the other multi-process tests run: tiny models on a shared CPU run faster so.
     environment = os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT), "PATH": path, "OMP_NUM_THREADS": "1"}
     for number, (language, code) in enumerate(RUNNABLE.findall(guide.read_text()), start=1):
         command = ["bash", "-euo", "pipefail", "-c", code] if language == "bash" else [sys.executable, "-c", code]
-        done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, f"{_name(guide)}, runnable block {number}:\n{code}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        done = subprocess.run(command, cwd=folder, env=environment, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            return f"{_name(guide)}, runnable block {number}:\n{code}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def guide_failures(tmp_path_factory) -> dict[Path, str | None]:
+    """Every guide run, two at a time: the suite runs in one process, so the second core is otherwise idle here."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {guide: pool.submit(_run_guide, guide, tmp_path_factory.mktemp(guide.stem)) for guide in RUNNABLE_GUIDES}
+    return {guide: run.result() for guide, run in runs.items()}
+
+
+@pytest.mark.parametrize("guide", RUNNABLE_GUIDES, ids=_name)
+def test_every_runnable_block_of_a_guide_runs(guide, guide_failures):
+    assert guide_failures[guide] is None, guide_failures[guide]
