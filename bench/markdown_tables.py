@@ -82,18 +82,25 @@ def _record(row: dict, spec: dict, root: Path) -> dict:
         raise ValueError(f"generated table: {source} has no row {row['row']!r} under {rows_key!r}") from None
 
 
+def _holder(record: dict, path: str) -> tuple[dict, str]:
+    """The mapping that holds `path`'s last key, and that key; an error where a key before it is missing (a wrong
+    path)."""
+    *parents, last = path.split(".")
+    holder = record
+    for key in parents:
+        if not isinstance(holder, dict) or key not in holder:
+            raise ValueError(f"generated table: no {path!r} in the row (missing {key!r})")
+        holder = holder[key]
+    if not isinstance(holder, dict):
+        raise ValueError(f"generated table: {path!r}: {'.'.join(parents)!r} holds no keys")
+    return holder, last
+
+
 def _value(record: dict, path: str):
     """The value at `path`; None where only its last key is missing (a row compared with itself has no
-    `versus.<itself>`), an error where a key before it is (a wrong path)."""
-    *parents, last = path.split(".")
-    value = record
-    for key in parents:
-        if not isinstance(value, dict) or key not in value:
-            raise ValueError(f"generated table: no {path!r} in the row (missing {key!r})")
-        value = value[key]
-    if not isinstance(value, dict):
-        raise ValueError(f"generated table: {path!r}: {'.'.join(parents)!r} holds no keys")
-    return value.get(last)
+    `versus.<itself>`)."""
+    holder, last = _holder(record, path)
+    return holder.get(last)
 
 
 def _cell(column: dict, row: dict, record: dict) -> str:
@@ -112,9 +119,10 @@ def format_value(value, style: str | None, record: dict | None = None, path: str
         if isinstance(value, (list, tuple)):
             value, half = value
         else:
-            half = _value(record, path + "_half_width")
-            if path.rsplit(".", 1)[-1] + "_half_width" not in (_value(record, path.rsplit(".", 1)[0]) if "." in path else record):
+            holder, last = _holder(record, path)
+            if f"{last}_half_width" not in holder:
                 raise ValueError(f"generated table: {path!r} has no {path}_half_width beside it for `estimate`")
+            half = holder[f"{last}_half_width"]
         return f"{value:.3f}" if half is None or math.isnan(half) else f"{value:.3f} ± {half:.3f}"
     if style in ("difference", "verdict"):
         text = f"{value['mean']:+.3f}"
@@ -127,25 +135,26 @@ def format_value(value, style: str | None, record: dict | None = None, path: str
 
 
 def _settings_table() -> str:
-    """Every tying setting, with the strategies that read it, its default and its help, from the registry."""
+    """Every tying setting, with the strategies that read it, its default and its help, from the registry (as
+    `--help` says them)."""
     from transformers import TrainingArguments
 
     from hf_layertie import TyingTrainingArguments
-    from hf_layertie.decisions import DECISIONS
-    from hf_layertie.trainer.training_args import DISTILLATION_DEFAULTS
+    from hf_layertie.trainer.training_args import DISTILLATION_DEFAULTS, setting_readers, strategy_help
 
     lines = ["| setting | read by | default | what |", "|---|---|---|---|"]
     for item in dataclasses.fields(TyingTrainingArguments):
         if item.name in TrainingArguments.__dataclass_fields__ or not item.init:
             continue
-        readers = [mode for mode, decisions in DECISIONS.items() if item.name in decisions.settings]
-        defaults = sorted({repr(DECISIONS[mode].settings[item.name]) for mode in readers} - {"None"})
-        value = DISTILLATION_DEFAULTS.get(item.name, item.default)
-        default = " / ".join(defaults) if readers else (f"{value:.4g}" if isinstance(value, float) else repr(value))
-        default = f"`{default}`" if default else "-"  # unset: the strategy or the agent variant decides (the text says)
+        readers, default = setting_readers(item.name)
         help_text = item.metadata.get("help", "")
-        if readers:  # the registry's prefix and default, which the columns already say
-            help_text = re.sub(r" \([^()]* when unset\)$", "", help_text.removeprefix("/".join(readers) + ": "))
+        if readers:  # less the readers and the default `strategy_help` added: the columns say them
+            head, tail = strategy_help("|", readers, default).split("|")
+            help_text = help_text.removeprefix(head).removesuffix(tail)
+        else:
+            value = DISTILLATION_DEFAULTS.get(item.name, item.default)
+            default = f"{value:.4g}" if isinstance(value, float) else repr(value)
+        default = f"`{default}`" if default else "-"  # unset: the strategy or the agent variant decides (the text says)
         read_by = ", ".join(f"`{mode}`" for mode in readers) or "every strategy"
         help_text = help_text.replace("|", r"\|")  # a bar in a table cell, escaped as GitHub reads it
         lines.append(f"| `{item.name}` | {read_by} | {default} | {help_text} |")

@@ -196,40 +196,27 @@ def tokenize_and_group(
             chunks["labels"] = [list(ids) for ids in chunks["input_ids"]]
         return chunks
 
-    if isinstance(raw, datasets.IterableDatasetDict):
-        if num_proc is not None:
-            logger.warning("--preprocessing_num_workers does not apply to a stream: it is tokenized as training reads it")
-        grouped = datasets.IterableDatasetDict(
-            {
-                split: dataset.map(
-                    tokenize,
-                    fn_kwargs={"where": f"the {split} split of {source}"},
-                    batched=True,
-                    with_indices=True,
-                    remove_columns=column_names(dataset),
-                ).map(group, batched=True)
-                for split, dataset in raw.items()
-            }
-        )
-        empty = [split for split, blocks in grouped.items() if next(iter(blocks), None) is None]
+    streamed = isinstance(raw, datasets.IterableDatasetDict)
+    if streamed and num_proc is not None:
+        logger.warning("--preprocessing_num_workers does not apply to a stream: it is tokenized as training reads it")
+
+    def options(description: str) -> dict:
+        """A stream is mapped as it is read: no worker processes, no progress bar."""
+        return {} if streamed else {"num_proc": num_proc, "desc": description}
+
+    def blocks(split: str, dataset):
+        where = f"the {split} split of {source}"
+        remove = column_names(dataset)
+        tokens = dataset.map(tokenize, fn_kwargs={"where": where}, batched=True, with_indices=True, remove_columns=remove, **options("Tokenizing"))
+        return tokens.map(group, batched=True, **options(f"Grouping into blocks of {block_size}"))
+
+    if streamed:
+        grouped = datasets.IterableDatasetDict({split: blocks(split, dataset) for split, dataset in raw.items()})
+        empty = [split for split, chunks in grouped.items() if next(iter(chunks), None) is None]
     else:
         with PartialState().main_process_first():
-            tokenized = datasets.DatasetDict(
-                {
-                    split: dataset.map(
-                        tokenize,
-                        fn_kwargs={"where": f"the {split} split of {source}"},
-                        batched=True,
-                        with_indices=True,
-                        num_proc=num_proc,
-                        remove_columns=dataset.column_names,
-                        desc="Tokenizing",
-                    )
-                    for split, dataset in raw.items()
-                }
-            )
-            grouped = tokenized.map(group, batched=True, num_proc=num_proc, desc=f"Grouping into blocks of {block_size}")
-        empty = [split for split, blocks in grouped.items() if len(blocks) == 0]
+            grouped = datasets.DatasetDict({split: blocks(split, dataset) for split, dataset in raw.items()})
+        empty = [split for split, chunks in grouped.items() if len(chunks) == 0]
     for split in empty:
         raise ValueError(
             f"The {split} split holds fewer than --block_size={block_size} tokens: lower --block_size or add data"

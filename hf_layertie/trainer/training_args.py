@@ -42,11 +42,23 @@ def _with_strategy_help(cls):
     first: the agent's are `AgentSettings`' own."""
     for name in cls.strategy_settings():
         item = cls.__dataclass_fields__[name] = copy.copy(cls.__dataclass_fields__[name])
-        readers = [mode for mode, decisions in DECISIONS.items() if name in decisions.settings]
-        defaults = {repr(DECISIONS[mode].settings[name]) for mode in readers} - {"None"}
-        default = f" ({defaults.pop()} when unset)" if len(defaults) == 1 else ""  # argparse adds the flag's own default
-        item.metadata = MappingProxyType({**item.metadata, "help": f"{'/'.join(readers)}: {item.metadata['help']}{default}"})
+        readers, default = setting_readers(name)
+        item.metadata = MappingProxyType({**item.metadata, "help": strategy_help(item.metadata["help"], readers, default)})
     return cls
+
+
+def strategy_help(description: str, readers: list[str], default: str | None) -> str:
+    """A strategy setting's help: its readers, what it does, and the default they give it (argparse adds the flag's
+    own default after it)."""
+    return f"{'/'.join(readers)}: {description}" + (f" ({default} when unset)" if default is not None else "")
+
+
+def setting_readers(name: str) -> tuple[list[str], str | None]:
+    """The strategies that read tying setting `name` (`DECISIONS`' `settings`), and the default they give it (its
+    repr; None where they give none, or differ)."""
+    readers = [mode for mode, decisions in DECISIONS.items() if name in decisions.settings]
+    defaults = {repr(DECISIONS[mode].settings[name]) for mode in readers} - {"None"}
+    return readers, (defaults.pop() if len(defaults) == 1 else None)
 
 
 @_with_strategy_help
