@@ -51,6 +51,7 @@ TRAINER_PRIVATE_API = {
     "_load_from_checkpoint": "overridden: the model is re-tied to the checkpoint's map before its weights load",
     "_load_best_model": "overridden: the same for the best checkpoint",
     "_issue_warnings_after_load": "overridden: tied blocks, restored by sharing, are not reported missing",
+    "_build_accelerator_args": "overridden: torch_compile compiles a tied model block by block (regional compilation)",
     "_get_output_dir": "called (`trainer_output_dir`): where `_save_checkpoint` writes",
     "_remove_unused_columns": "called (`remove_unused_columns`): the reward batches get the training columns",
     "_prepare_inputs": "called (`prepare_inputs`): the reward and similarity batches moved as training batches are",

@@ -63,6 +63,7 @@ from .checkpoint_format import (
     starting_model,
     write_tying_state,
 )
+from .compilation import compile_regionally
 from .distillation import Distillation
 from .non_finite_loss import NonFiniteLossGuard
 from .optimizer_sync import add_to_optimizer, rebuild_data_parallel, sync_optimizer_with_model
@@ -196,6 +197,14 @@ class TyingTrainer(Trainer):
             f"the student's training state (its parameters: {student_mib:,.2f} MiB, before gradients and optimizer state)"
         )
         return distillation
+
+    def _build_accelerator_args(self, **kwargs) -> dict:
+        """`Trainer`'s accelerator arguments; with `torch_compile` on a tied model, a dynamo plugin that compiles each
+        block on its own (accelerate's regional compilation), so that a re-tie does not recompile (`compilation`)."""
+        accelerator_args = super()._build_accelerator_args(**kwargs)
+        if self.args.torch_compile and isinstance(self.model, TiedBlocksMixin):
+            compile_regionally(accelerator_args.get("dynamo_plugin"), self.args.use_cache)
+        return accelerator_args
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """`Trainer.compute_loss`; distilling, the teacher first scores the micro-batch. Only in training: evaluation
