@@ -4,9 +4,13 @@ Each metric is an `evaluate.Metric` subclass in `<name>/<name>.py`; `evaluate.lo
 it from the package instead of downloading it.
 """
 
-from pathlib import Path
+from __future__ import annotations
 
-import evaluate
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import evaluate
 
 METRICS_DIR = Path(__file__).resolve().parent
 METRIC_NAMES = ("lambada_accuracy", "multihop_accuracy", "perplexity_from_nll")
@@ -20,7 +24,11 @@ def metric_dir(name: str) -> Path:
 
 
 def load_metric(name: str, **load_kwargs) -> evaluate.EvaluationModule:
-    """`evaluate.load` a shipped metric by name; `load_kwargs` go to `evaluate.load` (e.g. experiment_id)."""
+    """`evaluate.load` a shipped metric by name; `load_kwargs` go to `evaluate.load` (e.g. experiment_id). `evaluate`
+    is imported here, not with the package: it pulls in scipy (about 2 s), which the processes that never score a
+    metric (every benchmark run on the plays) would pay at start."""
+    import evaluate
+
     return evaluate.load(str(metric_dir(name)), **load_kwargs)
 
 
