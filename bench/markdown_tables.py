@@ -14,13 +14,16 @@ So a number in the README or a guide is the one its results.json holds, and a re
 The JSON of a block:
 - `source`: a results.json, relative to the repository root; its `rows` mapping (or `rows_key`'s) holds the rows.
 - `rows`: each a row label, or an object `{"row": label, "source": ..., "rows_key": ..., "name": shown name,
-  <text keys>}` for a row from another file or with text cells.
+  <text keys>}` for a row from another file or with text cells. Where `rows_key` holds a list of records (a
+  report's `memory` runs), the row object's `where` picks the one record whose fields have those values, e.g.
+  `{"row": "dlt, 48 blocks", "rows_key": "memory", "where": {"strategy": "dlt", "num_blocks": 48}}`.
 - `columns`: each `{"header": h, "value": "dotted.path", "format": f}` (a value of the row's record; `{key}` in
   the path is the row object's text, e.g. `"{versus}"`) or `{"header": h, "text": key}` (the row object's text).
   The first column is the row's name, titled `first`.
 - `format`: `estimate` (a value with its `<path>_half_width` sibling, or a `[mean, half_width]` pair),
   `difference` (a paired `{mean, half_width}`), `verdict` (the same with its verdict), `seeds` (a list's length),
   or a Python format spec (`.1f`); default `str`.
+- `unit`: `MiB` on a column whose values are bytes: each is divided by 2**20 before `format`.
 - `{"table": "settings"}` instead: every setting `TyingTrainingArguments` adds to transformers' own, with the
   strategies that read it and its default (from the strategy registry, as `--help` says).
 """
@@ -39,6 +42,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
+UNITS = {"MiB": 2**20}  # a column's `unit`: what its values, in bytes, are divided by
 BLOCK = re.compile(r"^<!-- generated (\{[^\n]*\}) -->\n(.*?)^<!-- end generated -->$", re.MULTILINE | re.DOTALL)
 # Folders whose Markdown is not the repository's own: run outputs, caches, the records of the study.
 SKIPPED_FOLDERS = {".git", "outputs", "bench/results", "build", "dist", ".pytest_cache"}
@@ -76,10 +80,21 @@ def _record(row: dict, spec: dict, root: Path) -> dict:
         raise ValueError(f"generated table: row {row['row']!r} has no source (give `source` to the table or the row)")
     results = json.loads((root / source).read_text())
     rows_key = row.get("rows_key", spec.get("rows_key", "rows"))
+    rows = results.get(rows_key)
+    if isinstance(rows, list):
+        return _matching(rows, row.get("where", {}), f"{source}'s {rows_key!r}")
     try:
-        return results[rows_key][row["row"]]
-    except KeyError:
+        return rows[row["row"]]
+    except (KeyError, TypeError):
         raise ValueError(f"generated table: {source} has no row {row['row']!r} under {rows_key!r}") from None
+
+
+def _matching(records: list[dict], where: dict, named: str) -> dict:
+    """The one record of a list whose fields have `where`'s values; an error where none does, or several."""
+    found = [record for record in records if all(record.get(key) == value for key, value in where.items())]
+    if len(found) != 1:
+        raise ValueError(f"generated table: {len(found)} records of {named} have {where}, not one")
+    return found[0]
 
 
 def _holder(record: dict, path: str) -> tuple[dict, str]:
@@ -108,6 +123,8 @@ def _cell(column: dict, row: dict, record: dict) -> str:
         return str(row.get(column["text"], ""))
     path = column["value"].format_map(row)  # `{key}`: the row object's text, so each row may read its own value
     value = _value(record, path)
+    if value is not None and "unit" in column:
+        value /= UNITS[column["unit"]]
     return format_value(value, column.get("format"), record, path)
 
 

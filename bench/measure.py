@@ -5,8 +5,10 @@ text builder, `tokenize_and_group`, `load_model`, `TiedGPT2LMHeadModel` and `Tyi
 
 - training state: parameters + gradients + optimizer state, summed over live tensors after every optimizer step
   (the gradients still exist then), each shared Parameter once; the study reports its peak over the run;
-- process peak: `ru_maxrss` on CPU (the whole process: Python, torch, data), `torch.cuda.max_memory_allocated`
-  on a GPU, read after training and before evaluation;
+- process peak: the resident set's high-water mark (`VmHWM`) on CPU (the whole process: Python, torch, data,
+  activations), `torch.cuda.max_memory_allocated` on a GPU, read after training and before evaluation. A run with
+  gradient checkpointing (`RunSpec.gradient_checkpointing`, transformers' own) keeps fewer activations and holds
+  the same training state;
 - distinct blocks after every step: final, mean over steps, peak;
 - the agent's wall time by part (`TyingTrainer.tying_seconds`) against the training time.
 """
@@ -189,9 +191,12 @@ def training_arguments(settings: BenchSettings, spec: RunSpec, output_dir: Path)
     tying.update(spec.tying)
     batch_size = settings.memory_batch_size if memory else settings.batch_size
     evaluated = bool(settings.eval_interval) and not memory
+    # Named only when on: the name every transformers from 5.18 knows, which 5.23 warns about even when False.
+    checkpointing = {"gradient_checkpointing": True} if spec.gradient_checkpointing else {}
     return TyingTrainingArguments(
         output_dir=str(output_dir),
         **tying,
+        **checkpointing,
         max_steps=steps,
         per_device_train_batch_size=batch_size,
         per_device_eval_batch_size=4 * batch_size,
@@ -266,6 +271,7 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
         "tying_seconds": trainer.tying_seconds,
         "tying_decisions": len(trainer.tying_records),
         "trained_steps": trainer.state.global_step,  # below max_steps where early stopping ended the run
+        "gradient_checkpointing": bool(args.gradient_checkpointing),  # absent from earlier records: False
         "learning_rate": args.learning_rate,
         **provenance(on_gpu=settings.use_gpu),
     }

@@ -333,13 +333,15 @@ def write_report(settings: BenchSettings, output: Path, tuning: dict | None = No
     summary = summarise(table, plan_contrasts(settings))
     memory = [result for spec in memory_runs(settings) if (result := _try_load(output, spec)) is not None]
     baselines = json.loads((output / "settings.json").read_text())["baselines"]
+    scheduling = {"seeds": list(settings.seeds), "memory_gradient_checkpointing": list(settings.memory_gradient_checkpointing)}
     payload = {
-        "settings": json.loads(settings.fingerprint()) | {"seeds": list(settings.seeds)},
+        "settings": json.loads(settings.fingerprint()) | scheduling,
         "learning_rates": tuning,
         "hardware": hardware(_distinct_runs(table) + memory),
         "baselines": baselines,
         **summary,
         "memory": memory,
+        "memory_summary": memory_summary(settings, memory),
         "runs": {label: runs for label, runs in table.items()},
     }
     report_dir = output if report_dir is None else report_dir
@@ -404,8 +406,8 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
         lines += ["", "Paired verdicts at each run's best-validation step (the paper's model selection):", ""]
         lines += _verdict_lines(settings, rows, lambda row: (row["selected"] or {}).get("versus", {}), lambda row: {})
     lines += _overhead_lines(payload["runs"].get("dlt", {}))
-    lines += _memory_lines(payload["memory"])
-    memory = [run | {"label": f"memory: {run['label']}, {run['num_blocks']} blocks"} for run in payload["memory"]]
+    lines += _memory_lines(payload["memory_summary"], payload["memory"])
+    memory = [run | {"label": f"memory: {_memory_row_name(settings, run)}{', checkpointing' if checkpointed(run) else ''}"} for run in payload["memory"]]
     lines += source_lines(study + memory)
     return "\n".join(lines) + "\n"
 
@@ -612,36 +614,76 @@ def _overhead_lines(dlt_runs: dict[int, dict]) -> list[str]:
     return ["", f"DLT's agent time by part, share of training time: {cells}."]
 
 
-def _memory_lines(memory: list[dict]) -> list[str]:
-    if not memory:
+def checkpointed(run: dict) -> bool:
+    """Whether a memory run trained with gradient checkpointing (records made before the field existed did not)."""
+    return run.get("gradient_checkpointing", False)
+
+
+# What the keys of `memory_summary` measured with gradient checkpointing end with (those without: nothing).
+CHECKPOINTING_SUFFIX = "_checkpointing"
+
+
+def _memory_row_name(settings: BenchSettings, run: dict) -> str:
+    """`none, 48 blocks`, `dlt, 48 blocks`, or `untied, 8 blocks` for the model as deep as the budget."""
+    untied = run["num_blocks"] not in settings.memory_depths
+    return f"{'untied' if untied else run['strategy']}, {run['num_blocks']} blocks"
+
+
+def memory_summary(settings: BenchSettings, memory: list[dict]) -> dict[str, dict]:
+    """One row per model of the memory runs (`_memory_row_name`), in the plan's order: its training state and process
+    peak in MiB, its distinct blocks at the peak and the re-tie time, without gradient checkpointing and with it (keys
+    ending `CHECKPOINTING_SUFFIX`); each model's state and peak over conventional training's at its depth (the untied
+    model's: at the deepest) in the same mode; and its peak with checkpointing over its peak without. What was not
+    measured is absent (a blank cell)."""
+    by_name: dict[str, dict[bool, dict]] = {}
+    for run in memory:
+        by_name.setdefault(_memory_row_name(settings, run), {})[checkpointed(run)] = run
+    rows = {}
+    for name, modes in by_name.items():
+        depth = next(iter(modes.values()))["num_blocks"]
+        reference = by_name.get(f"none, {depth if depth in settings.memory_depths else max(settings.memory_depths)} blocks", {})
+        row = {"blocks": depth}
+        for run in modes.values():
+            suffix = CHECKPOINTING_SUFFIX if checkpointed(run) else ""
+            row |= {
+                f"peak_state_mib{suffix}": run["peak_state_bytes"] / MIB,
+                f"peak_process_mib{suffix}": run["peak_process_bytes"] / MIB,
+                f"distinct_peak{suffix}": run["distinct_peak"],
+                f"retie_ms{suffix}": run["retie_ms"],
+            }
+            conventional = reference.get(checkpointed(run))
+            if conventional is not None and conventional is not run:
+                row[f"state_over_none{suffix}"] = run["peak_state_bytes"] / conventional["peak_state_bytes"]
+                row[f"process_over_none{suffix}"] = run["peak_process_bytes"] / conventional["peak_process_bytes"]
+        if len(modes) == 2:
+            row["process_checkpointing_over_without"] = modes[True]["peak_process_bytes"] / modes[False]["peak_process_bytes"]
+        rows[name] = row
+    return rows
+
+
+def _memory_lines(summary: dict[str, dict], memory: list[dict]) -> list[str]:
+    """The memory table: each model's state and process peak without and with gradient checkpointing, side by side,
+    with the ratios `memory_summary` gives."""
+    if not summary:
         return []
-    by_depth: dict[int, dict[str, dict]] = {}
-    for result in memory:
-        by_depth.setdefault(result["num_blocks"], {})[result["strategy"]] = result
-    peak = _process_peak_name(memory)
+    per_mode = (
+        ("state MiB", "peak_state_mib", ".1f"), ("state / none", "state_over_none", ".3f"),
+        (f"{_process_peak_name(memory)} MiB", "peak_process_mib", ".0f"), ("peak / none", "process_over_none", ".3f"),
+    )  # fmt: skip
+    columns = [("distinct peak", "distinct_peak", "d")]
+    columns += [(title + mode, key + suffix, style) for suffix, mode in (("", ""), (CHECKPOINTING_SUFFIX, ", checkpointing")) for title, key, style in per_mode]
+    columns += [("peak, checkpointing / without", "process_checkpointing_over_without", ".3f"), ("retie ms", "retie_ms", ".2f")]
     lines = [
         "",
-        "Memory over depth (one seed): peak training state (parameters + gradients + AdamW state, live tensors, "
-        "peak over the run) and process peak.",
+        "Memory (one seed): peak training state (parameters + gradients + AdamW state, live tensors, peak over the run) "
+        "and process peak, without and with gradient checkpointing (transformers' `gradient_checkpointing`); ratios "
+        "over conventional training (`none`) at the same depth in the same mode (the untied model's: at the deepest).",
         "",
-        f"| blocks | none: state MiB | dlt: state MiB | dlt / none | none: {peak} MiB | dlt: {peak} MiB | dlt distinct peak | retie ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | " + " | ".join(title for title, _, _ in columns) + " |",
+        "|---|" + "---|" * len(columns),
     ]
-    for depth, runs in sorted(by_depth.items()):
-        none, dlt = runs.get("none"), runs.get("dlt")
-        if none is None or dlt is None:
-            continue
-        lines.append(
-            f"| {depth} | {none['peak_state_bytes'] / MIB:.1f} | {dlt['peak_state_bytes'] / MIB:.1f} | "
-            f"{dlt['peak_state_bytes'] / none['peak_state_bytes']:.3f} | {none['peak_process_bytes'] / MIB:.0f} | "
-            f"{dlt['peak_process_bytes'] / MIB:.0f} | {dlt['distinct_peak']} | {dlt['retie_ms']:.2f} |"
-        )
-    shallow = [runs["none"] for depth, runs in by_depth.items() if "dlt" not in runs and "none" in runs]
-    for run in shallow:  # the untied model as deep as the budget: what the tied ones are compared against
-        lines.append(
-            f"\nUntied, {run['num_blocks']} blocks (the budget's depth): state {run['peak_state_bytes'] / MIB:.1f} MiB, "
-            f"process peak {run['peak_process_bytes'] / MIB:.0f} MiB."
-        )
+    for name, row in summary.items():
+        lines.append(f"| {name} | " + " | ".join(format(row[key], style) if key in row else "" for _, key, style in columns) + " |")
     return lines
 
 
@@ -744,19 +786,24 @@ def _plot_validation(settings: BenchSettings, summary: dict, table: dict[str, di
 
 
 def _plot_memory(memory: list[dict], path: Path) -> None:
-    """Training state and process peak against depth, for conventional training and DLT under its cap (log scale)."""
+    """Training state and process peak against depth, for conventional training and DLT under its cap, without
+    gradient checkpointing and, dashed, with it (log scale)."""
     peak = _process_peak_name(memory)
-    figure, axes = plt.subplots(figsize=(7, 4.5))
+    figure, axes = plt.subplots(figsize=(9, 4.5))
     for strategy, marker, colour in (("none", "o", "black"), ("dlt", "s", "tab:red")):
-        points = sorted((run["num_blocks"], run) for run in memory if run["strategy"] == strategy)
-        depths = [depth for depth, _ in points]
-        axes.plot(depths, [run["peak_state_bytes"] / MIB for _, run in points], marker=marker, color=colour, label=f"{strategy}: training state")
-        axes.plot(depths, [run["peak_process_bytes"] / MIB for _, run in points], marker=marker, color=colour, linestyle=":", label=f"{strategy}: {peak}")
+        for checkpointing, state_style, peak_style in ((False, "-", ":"), (True, "--", "-.")):
+            runs = sorted((run for run in memory if run["strategy"] == strategy and checkpointed(run) == checkpointing), key=lambda run: run["num_blocks"])
+            if not runs:
+                continue
+            depths, mode = [run["num_blocks"] for run in runs], ", checkpointing" if checkpointing else ""
+            for key, style, what in (("peak_state_bytes", state_style, "training state"), ("peak_process_bytes", peak_style, peak)):
+                values = [run[key] / MIB for run in runs]
+                axes.plot(depths, values, marker=marker, color=colour, linestyle=style, label=f"{strategy}: {what}{mode}")
     axes.set_xlabel("blocks")
     axes.set_ylabel("peak memory (MiB)")
     axes.set_yscale("log")
     axes.set_title("Peak memory over the run against depth")
-    axes.legend(fontsize=8)
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: it hides no point
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -71,10 +71,19 @@ class BenchSettings:
     # Issue 53's partial loops instead of the study's strategies (preset `partial`, `partial_loop_runs`): U untied
     # blocks against the same U blocks looped over more positions. No agent, no memory runs.
     partial_loops: bool = False
+    # Whether the memory runs train with gradient checkpointing (transformers' `gradient_checkpointing`): each value
+    # listed is a set of memory runs of its own, so that the report sets the two side by side. Tying cuts the training
+    # state, not the activations, which checkpointing cuts. Like `seeds`, it says which runs to make, not how a run
+    # is measured (a checkpointed run has a folder and a record of its own): a folder's runs keep their fingerprint.
+    memory_gradient_checkpointing: tuple[bool, ...] = (False, True)
 
     def fingerprint(self) -> str:
         """What a result must have been measured under to be reused (everything but scheduling)."""
-        return fingerprint(self, scheduling=("seeds", "num_threads"))
+        return fingerprint(self, scheduling=SCHEDULING_SETTINGS)
+
+
+# Settings that choose which runs to make, or how fast they go, not what a run measures: out of the fingerprint.
+SCHEDULING_SETTINGS = ("seeds", "num_threads", "memory_gradient_checkpointing")
 
 
 # Settings added after runs were recorded, with the value that behaves as before: left out of a fingerprint at that
@@ -104,7 +113,7 @@ PRESETS: dict[str, BenchSettings] = {
     "tiny": BenchSettings(
         n_layer=4, n_embd=32, n_head=2, block_size=32, max_steps=12, batch_size=4, learning_rate=3e-3,
         warmup_steps=0, tying_interval=2, max_distinct_blocks=2, seeds=(0, 1), max_test_blocks=16,
-        memory_depths=(4, 8), memory_n_embd=32, memory_n_head=2, memory_max_distinct_blocks=2,
+        memory_depths=(8,), memory_n_embd=32, memory_n_head=2, memory_max_distinct_blocks=2,
         memory_batch_size=2, memory_steps=4, memory_tying_interval=1, eval_interval=4, max_validation_blocks=16,
         dropout=0.2,
     ),  # fmt: skip
@@ -253,6 +262,10 @@ class BenchArguments:
     memory_batch_size: int | None = _override("Examples per step in the memory runs.")
     memory_steps: int | None = _override("Optimizer steps per memory run.")
     memory_tying_interval: int | None = _override("k of the DLT memory runs.")
+    memory_gradient_checkpointing: str | None = _override(
+        "Comma-separated: the memory runs without ('false') and with ('true') transformers' gradient checkpointing, each "
+        "value its own runs; default 'false,true', both side by side."
+    )
     dropout: float | None = _override("Dropout of the compared models (residual, embedding, attention).")
     eval_interval: int | None = _override("Steps between two measurements of the validation and test loss.")
     max_validation_blocks: int | None = _override("Cap on the validation blocks evaluated.")
@@ -278,9 +291,9 @@ def resolve_settings(args: BenchArguments) -> BenchSettings:
         for setting in dataclasses.fields(BenchSettings)
         if getattr(args, setting.name, None) is not None
     }
-    for name in ("seeds", "memory_depths"):
+    for name, parse in LIST_FLAGS.items():
         if name in overrides:
-            overrides[name] = parse_integers(overrides[name], name)
+            overrides[name] = parse(overrides[name], name)
     settings = dataclasses.replace(PRESETS[args.preset], **overrides)
     _check(settings)
     return settings
@@ -298,10 +311,26 @@ def parse_learning_rates(text: str) -> tuple[float, ...]:
 
 def parse_integers(text: str, name: str) -> tuple[int, ...]:
     """`--<name>`'s comma-separated non-negative integers (seeds, depths), or one error naming the flag."""
-    parts = [part.strip() for part in text.split(",") if part.strip()]
+    parts = _parts(text)
     if not parts or not all(part.isdecimal() for part in parts):
         raise ValueError(f"--{name} {text!r}: expected comma-separated non-negative integers, e.g. '0,1,2'")
     return tuple(int(part) for part in parts)
+
+
+def parse_booleans(text: str, name: str) -> tuple[bool, ...]:
+    """`--<name>`'s comma-separated 'false' / 'true', each once, or one error naming the flag."""
+    parts = [part.lower() for part in _parts(text)]
+    if not parts or not set(parts) <= {"false", "true"} or len(set(parts)) < len(parts):
+        raise ValueError(f"--{name} {text!r}: expected 'false', 'true' or 'false,true'")
+    return tuple(part == "true" for part in parts)
+
+
+def _parts(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+# The settings a flag gives as a comma-separated list, and how each is read.
+LIST_FLAGS = {"seeds": parse_integers, "memory_depths": parse_integers, "memory_gradient_checkpointing": parse_booleans}
 
 
 def _check(settings: BenchSettings) -> None:
@@ -374,15 +403,20 @@ class RunSpec:
     tying: tuple[tuple[str, object], ...] = ()  # other tying settings, (name, value) pairs: the controls' changes
     learning_rate: float | None = None  # None: the preset's; else this run's (chosen per label by --tune_learning_rates)
     rate_of: str | None = None  # the label whose chosen learning rate this run takes; None: its own
+    gradient_checkpointing: bool = False  # transformers' gradient checkpointing (memory runs: `memory_gradient_checkpointing`)
 
     @property
     def directory(self) -> str:
+        """`<kind>/[L<blocks>/]<strategy>[-<variant>][-<setting>=<value>...][-lr<rate>][-checkpointing]/seed<N>`: a run
+        recorded before a part existed keeps its folder, as that part is absent at its former value."""
         name = self.strategy.replace(":", "-").replace(",", "_")
         if self.dlt_variant != "default":
             name += f"-{self.dlt_variant}"
         name += "".join(f"-{setting}={value}" for setting, value in self.tying)
         if self.learning_rate is not None:
             name += f"-lr{self.learning_rate:g}"
+        if self.gradient_checkpointing:
+            name += "-checkpointing"
         depth = f"L{self.num_blocks}/" if self.num_blocks is not None else ""
         return f"{self.kind}/{depth}{name}/seed{self.seed}"
 
@@ -598,13 +632,14 @@ def at_learning_rates(specs: list[RunSpec], learning_rates: dict[str, float] | N
 
 def memory_runs(settings: BenchSettings) -> list[RunSpec]:
     """At each depth: conventional training and DLT under the memory budget; and an untied model as deep as the
-    budget, the equal-memory alternative (first seed). None for `partial`: every row holds U blocks' state."""
+    budget, the equal-memory alternative (first seed); all of them without and with gradient checkpointing, as
+    `memory_gradient_checkpointing` lists. None for `partial`: every row holds U blocks' state."""
     if settings.partial_loops:
         return []
-    seed = settings.seeds[0]
-    untied = RunSpec("none", "none", seed, "memory", num_blocks=settings.memory_max_distinct_blocks)
+    models = [(strategy, depth) for depth in settings.memory_depths for strategy in ("none", "dlt")]
+    models.append(("none", settings.memory_max_distinct_blocks))
     return [
-        spec
-        for depth in settings.memory_depths
-        for spec in (RunSpec("none", "none", seed, "memory", num_blocks=depth), RunSpec("dlt", "dlt", seed, "memory", num_blocks=depth))
-    ] + [untied]
+        RunSpec(strategy, strategy, settings.seeds[0], "memory", num_blocks=depth, gradient_checkpointing=checkpointing)
+        for checkpointing in settings.memory_gradient_checkpointing
+        for strategy, depth in models
+    ]

@@ -58,7 +58,8 @@ def test_every_strategy_has_every_seed_and_a_row(tiny_bench):
         assert sorted(map(int, results["runs"][label])) == list(TINY.seeds), label
         assert results["rows"][label]["seeds"] == list(TINY.seeds)
     table = (folder / "results.md").read_text()
-    assert all(table.count(f"\n| {label} | {len(TINY.seeds)} |") == 1 for label in labels)
+    study_table = table.split("\n| strategy | seeds |")[1].split("\n\n")[0]  # not the memory table's rows
+    assert all(study_table.count(f"\n| {label} | {len(TINY.seeds)} |") == 1 for label in labels)
     assert len(list(folder.glob("study/*/seed*/log.txt"))) >= 9 * len(TINY.seeds)  # each run its own process
     assert f"Hardware: {processor_name()}, 1 thread(s) per run." in table  # recorded by every run
     assert "| peak state MiB | peak RSS MiB |" in table
@@ -148,15 +149,22 @@ def test_dlt_final_map_from_scratch_is_compared_with_dlt(tiny_bench):
 
 
 @pytest.mark.slow
-def test_tying_lowers_the_peak_training_state_at_every_depth(tiny_bench):
+def test_tying_lowers_the_peak_training_state_of_the_memory_runs_at_every_depth_with_and_without_checkpointing(tiny_bench):
     folder, results = tiny_bench
-    memory = {(run["num_blocks"], run["strategy"]): run for run in results["memory"]}
+    memory = {(run["num_blocks"], run["strategy"], run["gradient_checkpointing"]): run for run in results["memory"]}
+    assert len(memory) == len(results["memory"]) == 2 * (2 * len(TINY.memory_depths) + 1)  # each model in both modes
     for depth in TINY.memory_depths:
-        none, dlt = memory[depth, "none"], memory[depth, "dlt"]
-        assert dlt["distinct_peak"] <= TINY.memory_max_distinct_blocks < none["distinct_peak"] == depth
-        assert dlt["peak_state_bytes"] < none["peak_state_bytes"]
-        assert dlt["retie_ms"] > 0
-        assert none["peak_process_bytes"] > 0 and none["peak_process_kind"] == "cpu_vm_hwm"
+        for checkpointing in (False, True):
+            none, dlt = memory[depth, "none", checkpointing], memory[depth, "dlt", checkpointing]
+            assert dlt["distinct_peak"] <= TINY.memory_max_distinct_blocks < none["distinct_peak"] == depth
+            assert dlt["peak_state_bytes"] < none["peak_state_bytes"]
+            assert dlt["retie_ms"] > 0
+            assert none["peak_process_bytes"] > 0 and none["peak_process_kind"] == "cpu_vm_hwm"
+        # checkpointing keeps fewer activations, not less training state (the tiny runs' process peak is Python's)
+        assert memory[depth, "none", True]["peak_state_bytes"] == memory[depth, "none", False]["peak_state_bytes"]
+    summary = results["memory_summary"][f"dlt, {TINY.memory_depths[-1]} blocks"]
+    assert summary["state_over_none"] < 1 and summary["state_over_none_checkpointing"] < 1
+    assert "| untied, 2 blocks |" in (folder / "results.md").read_text()
     for name in ("quality_vs_distinct.png", "memory_vs_depth.png"):
         image = matplotlib.image.imread(folder / name)
         assert image.shape[0] > 300 and image.shape[1] > 600, name
@@ -339,6 +347,33 @@ PARTIAL_LOOPS = {  # issue 53: 4 untied blocks, and the same 4 looped over 5, 6 
 }
 
 
+def test_memory_runs_with_gradient_checkpointing_get_folders_of_their_own_and_earlier_runs_keep_theirs():
+    """Checkpointed memory runs are runs of their own (folder, record), so that a folder recorded before the setting
+    existed keeps its fingerprint and its runs, and reads as runs without checkpointing."""
+    from bench.report import memory_summary
+    from bench.settings import memory_runs
+
+    default = PRESETS["default"]
+    recorded = json.loads((REPO_ROOT / "bench" / "results" / "default" / "settings.json").read_text())["fingerprint"]
+    assert default.fingerprint() == recorded == dataclasses.replace(default, memory_gradient_checkpointing=(True,)).fingerprint()
+    folders = [spec.directory for spec in memory_runs(default)]
+    assert folders[:7] == [f"memory/L{depth}/{strategy}/seed0" for depth in (12, 24, 48) for strategy in ("none", "dlt")] + ["memory/L8/none/seed0"]
+    assert folders[7:] == [folder.replace("/seed0", "-checkpointing/seed0") for folder in folders[:7]]
+
+    def record(strategy: str, blocks: int, state: int, peak: int, **checkpointing: bool) -> dict:
+        return dict(strategy=strategy, num_blocks=blocks, peak_state_bytes=state, peak_process_bytes=peak, distinct_peak=8, retie_ms=1.0, **checkpointing)
+
+    earlier = [record("none", 48, 40, 100), record("dlt", 48, 10, 80), record("none", 8, 10, 30)]  # no field: without
+    later = [record("none", 48, 40, 50, gradient_checkpointing=True), record("dlt", 48, 10, 40, gradient_checkpointing=True)]
+    summary = memory_summary(dataclasses.replace(default, memory_depths=(48,)), earlier + later)
+    assert list(summary) == ["none, 48 blocks", "dlt, 48 blocks", "untied, 8 blocks"]
+    assert summary["dlt, 48 blocks"]["process_over_none"] == 0.8 and summary["dlt, 48 blocks"]["process_over_none_checkpointing"] == 0.8
+    assert summary["dlt, 48 blocks"]["process_checkpointing_over_without"] == 0.5
+    assert summary["untied, 8 blocks"]["process_over_none"] == 0.3 and "peak_process_mib_checkpointing" not in summary["untied, 8 blocks"]
+    assert "state_over_none" not in summary["none, 48 blocks"]  # not itself over itself
+    assert resolve_settings(BenchArguments(memory_gradient_checkpointing="True")).memory_gradient_checkpointing == (True,)
+
+
 def test_the_partial_preset_loops_4_blocks_in_the_middle_at_the_start_and_at_the_end():
     from bench.settings import core_runs, independent_runs, memory_runs
     from hf_layertie.models.tying_map import TyingMap
@@ -444,6 +479,7 @@ def test_no_difference_gets_a_size_from_an_equivalence_test_on_losses_only():
         ({"early_stopping_patience": -1}, "--early_stopping_patience must be >= 0, got -1"),
         ({"preset": "default", "early_stopping_patience": 3}, "--early_stopping_patience needs --eval_interval"),
         ({"task": "chains:length=8"}, "--task 'chains:length=8': expected '<name>:<config>' with a name among"),
+        ({"memory_gradient_checkpointing": "false,yes"}, "--memory_gradient_checkpointing 'false,yes': expected 'false', 'true'"),
     ],
 )
 def test_bad_flags_are_named(flags, named):

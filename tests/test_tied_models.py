@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EVERY_KIND, GPT2, TINY_GPT2, ModelKind, every_kind, raw_tying_maps
+from conftest import EVERY_KIND, GPT2, LLAMA, TINY_GPT2, ModelKind, every_kind, raw_tying_maps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
@@ -745,6 +745,44 @@ def test_auto_classes_load_a_saved_tied_checkpoint(kind, tmp_path):
     assert type(reloaded) is kind.tied_class
     assert_blocks_share_as(reloaded, [0, 1, 0, 1])
     assert torch.equal(logits(reloaded), logits(model))
+
+
+# --- gradient checkpointing ----------------------------------------------------------------------
+
+
+def gradients_and_saved_bytes(model: PreTrainedModel) -> tuple[dict[str, torch.Tensor], int]:
+    """Each distinct Parameter's gradient after one forward and backward pass, and the bytes the forward pass saved
+    for the backward outside checkpointed blocks (a checkpointed block saves nothing: it recomputes)."""
+    saved = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    model.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = model(input_ids=INPUT_IDS, labels=INPUT_IDS).loss
+    loss.backward()
+    return {name: parameter.grad for name, parameter in model.named_parameters()}, sum(saved)
+
+
+@pytest.mark.parametrize(
+    ("kind", "no_dropout"), [(GPT2, dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)), (LLAMA, {})], ids=["gpt2", "llama"]
+)
+def test_gradient_checkpointing_on_before_a_retie_stays_on_and_gives_the_same_gradients(kind, no_dropout):
+    # What the memory guide pairs with tying: the Trainer turns checkpointing on at the start, the agent re-ties
+    # later. The recompute must go through the blocks' shared Parameters as the map now has them, copies included.
+    model = kind.tied_model(parse_strategy("cycle:3", 6).to_list(), **no_dropout).train()  # checkpoints in training only
+    model.gradient_checkpointing_enable()
+    assert model.retie([0, 1, 2, 3, 3, 3]).copied_from  # blocks 3-5 share a fresh copy of block 0's weights
+    perturb_(model, seed=5)  # the copy and its source differ, so a gradient reaching the wrong one shows
+    checkpointed, saved_checkpointed = gradients_and_saved_bytes(model)
+    model.gradient_checkpointing_disable()
+    plain, saved_plain = gradients_and_saved_bytes(model)
+
+    assert checkpointed.keys() == plain.keys()
+    assert all(torch.equal(checkpointed[name], plain[name]) for name in plain), "checkpointing changed a gradient"
+    assert saved_checkpointed < saved_plain / 2, "checkpointing was off after the re-tie"
 
 
 # --- training with transformers' Trainer ---------------------------------------------------------
