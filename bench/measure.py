@@ -32,6 +32,7 @@ from hf_layertie.toolkit.data import take_first, tokenize_and_group
 from hf_layertie.toolkit.models import load_model, load_tokenizer
 from hf_layertie.trainer import TyingTrainer, TyingTrainingArguments, plot_tying_history
 
+from .gradient_norms import GradientNorms
 from .provenance import provenance
 from .settings import BENCH_PLAYS_DIR, STUDY_SPLITS, BenchSettings, RunSpec
 
@@ -202,8 +203,8 @@ def training_arguments(settings: BenchSettings, spec: RunSpec, output_dir: Path)
         per_device_eval_batch_size=4 * batch_size,
         learning_rate=spec.learning_rate or settings.learning_rate,
         warmup_steps=0 if memory else settings.warmup_steps,
-        lr_scheduler_type="cosine",
-        weight_decay=0.1,
+        lr_scheduler_type=settings.lr_scheduler_type,
+        weight_decay=settings.weight_decay,
         seed=spec.seed,
         data_seed=spec.seed,
         use_cpu=not settings.use_gpu,
@@ -212,7 +213,7 @@ def training_arguments(settings: BenchSettings, spec: RunSpec, output_dir: Path)
         # what early stopping watches (the Trainer tracks its best without saving checkpoints)
         metric_for_best_model="validation_loss" if evaluated and settings.early_stopping_patience else None,
         save_strategy="no",
-        logging_steps=max(1, steps // 10),
+        logging_steps=(not memory and settings.gradient_norm_interval) or max(1, steps // 10),
         report_to=[],
         disable_tqdm=True,
         tying_plot=False,
@@ -247,6 +248,9 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
     )
     meter = RunMeter(trainer)
     trainer.add_callback(meter)
+    norms = GradientNorms(model, settings.gradient_norm_interval) if settings.gradient_norm_interval and not memory else None
+    if norms is not None:
+        trainer.add_callback(norms)
     if args.metric_for_best_model is not None:
         trainer.add_callback(ValidationEarlyStopping(early_stopping_patience=settings.early_stopping_patience))
     train_seconds = trainer.train().metrics["train_runtime"]
@@ -275,6 +279,9 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
         "learning_rate": args.learning_rate,
         **provenance(on_gpu=settings.use_gpu),
     }
+    if norms is not None:
+        result["gradient_norms"] = norms.records
+        result["training_log"] = training_log(trainer.state.log_history)
     if memory:
         result["retie_ms"] = retie_milliseconds(model)
     else:
@@ -287,6 +294,12 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
     if trainer.tying_records:
         plot_tying_history(trainer.tying_records, run_dir / "tying_map.png", final_step=trainer.state.global_step)
     return result
+
+
+def training_log(log_history: list[dict]) -> list[dict]:
+    """The Trainer's training log rows: step, loss, gradient norm before clipping, learning rate."""
+    keys = ("step", "loss", "grad_norm", "learning_rate")
+    return [{key: row[key] for key in keys if key in row} for row in log_history if "loss" in row]
 
 
 def hop_accuracy(model, splits: datasets.DatasetDict) -> dict:

@@ -367,7 +367,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
     lines = [
         f"Model: TiedGPT2, {settings.n_layer} blocks x {settings.n_embd} ({settings.n_head} heads), context {settings.block_size}, "
         f"{data}; {_length_words(settings)}, "
-        f"AdamW {_rate_words(settings, payload['learning_rates'])} cosine, k = {settings.tying_interval}; budget U = {settings.max_distinct_blocks} "
+        f"{_recipe_words(settings, payload['learning_rates'])}, k = {settings.tying_interval}; budget U = {settings.max_distinct_blocks} "
         f"distinct blocks for dlt, random and similarity. Hardware: {payload['hardware']}.",
         "",
         ("Test loss in nats per labelled token on the task's test split" if settings.task else
@@ -420,7 +420,7 @@ def _partial_loop_markdown(settings: BenchSettings, payload: dict) -> str:
     rows, untied, bigram = payload["rows"], untied_label(settings), payload["baselines"]["bigram_test_loss"]
     lines = [
         f"Model: TiedGPT2 of width {settings.n_embd} ({settings.n_head} heads), context {settings.block_size}, `shakespeare-bpe` "
-        f"(2,048 tokens); {_length_words(settings)}, AdamW {_rate_words(settings, payload['learning_rates'])} cosine. "
+        f"(2,048 tokens); {_length_words(settings)}, {_recipe_words(settings, payload['learning_rates'])}. "
         f"Every row has U = {settings.max_distinct_blocks} distinct blocks, so the same parameters, gradients and "
         f"optimizer state as `{untied}`; a loop applies them at more positions (its canonical map in the label: each "
         f"position names the first position with its weights). Hardware: {payload['hardware']}.",
@@ -462,6 +462,11 @@ def _length_words(settings: BenchSettings) -> str:
         f"up to {steps}, each run stopped once {settings.early_stopping_patience} evaluations in a row found no lower "
         "validation loss (its `trained_steps` in results.json)"
     )
+
+
+def _recipe_words(settings: BenchSettings, tuning: dict | None) -> str:
+    """e.g. 'AdamW lr 0.003 cosine, weight decay 0.1'."""
+    return f"AdamW {_rate_words(settings, tuning)} {settings.lr_scheduler_type}, weight decay {settings.weight_decay:g}"
 
 
 def _rate_words(settings: BenchSettings, tuning: dict | None) -> str:

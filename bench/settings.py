@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from transformers import SchedulerType
+
 from hf_layertie.language_modeling.multihop import HOP_TASKS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -20,6 +22,8 @@ BENCH_PLAYS_DIR = REPO_ROOT / "bench" / "data" / "shakespeare"
 
 # All 42 works, split by whole work (no line of an evaluation play is trained on). The seven plays the shipped
 # tokenizers were trained on are training plays here too, so the tokenizer never saw an evaluation play.
+SCHEDULES = tuple(schedule.value for schedule in SchedulerType)  # what `--lr_scheduler_type` accepts
+
 STUDY_SPLITS: dict[str, tuple[str, ...]] = {
     "validation": ("macbeth", "tempest"),
     "test": ("hamlet", "lear", "othello", "much_ado_about_nothing"),
@@ -71,6 +75,17 @@ class BenchSettings:
     # Issue 53's partial loops instead of the study's strategies (preset `partial`, `partial_loop_runs`): U untied
     # blocks against the same U blocks looped over more positions. No agent, no memory runs.
     partial_loops: bool = False
+    # The training recipe (issue 53, part 2): transformers' `lr_scheduler_type` and AdamW's decoupled `weight_decay`.
+    # The study's are cosine and 0.1; bench/multihop_probe.py's plain loop, which trained looped models reliably on
+    # k-hop induction where the study's recipe lost tied seeds, has linear decay and 0.01.
+    lr_scheduler_type: str = "cosine"
+    weight_decay: float = 0.1
+    # Every this many optimizer steps, each distinct block's gradient norm and the rest's (bench/gradient_norms.py),
+    # and the Trainer's log (loss, gradient norm before clipping, learning rate) at the same steps. None: neither.
+    gradient_norm_interval: int | None = None
+    # Issue 53, part 2's rows instead of the study's strategies (preset `recipe`, `recipe_runs`): the untied and
+    # looped models whose reliability a recipe is chosen for. No agent, no memory runs.
+    recipe_rows: bool = False
     # Whether the memory runs train with gradient checkpointing (transformers' `gradient_checkpointing`): each value
     # listed is a set of memory runs of its own, so that the report sets the two side by side. Tying cuts the training
     # state, not the activations, which checkpointing cuts. Like `seeds`, it says which runs to make, not how a run
@@ -88,7 +103,10 @@ SCHEDULING_SETTINGS = ("seeds", "num_threads", "memory_gradient_checkpointing")
 
 # Settings added after runs were recorded, with the value that behaves as before: left out of a fingerprint at that
 # value, so that the earlier runs keep theirs.
-LATER_SETTINGS = {"task": None, "early_stopping_patience": 0, "partial_loops": False}
+LATER_SETTINGS = {
+    "task": None, "early_stopping_patience": 0, "partial_loops": False, "lr_scheduler_type": "cosine",
+    "weight_decay": 0.1, "gradient_norm_interval": None, "recipe_rows": False,
+}  # fmt: skip
 
 
 def fingerprint(settings, scheduling: tuple[str, ...]) -> str:
@@ -178,6 +196,10 @@ PRESETS: dict[str, BenchSettings] = {
 # positions, the repeats in the middle, at the start or at the end (`partial_loop_runs`). `n_layer` is the deepest
 # layout's 8 positions; every row sets its own depth.
 PRESETS["partial"] = dataclasses.replace(PRESETS["default"], n_layer=8, controls=False, partial_loops=True)
+# Which recipe trains tied models reliably (issue 53, part 2): the depth preset's task, model and steps, its rows
+# limited to `recipe_runs`, gradient norms every 25 steps. A recipe is a results folder of its own, e.g.
+# `--lr_scheduler_type linear --weight_decay 0.01 --results_dir bench/results/recipe/linear-wd0.01`.
+PRESETS["recipe"] = dataclasses.replace(PRESETS["depth"], recipe_rows=True, gradient_norm_interval=25)
 
 
 def _override(help_text: str) -> dict:
@@ -196,7 +218,8 @@ class BenchArguments:
             "steps after its lowest validation loss (about 10 minutes per 12-block run beside another, 19 runs per seed). paper48: the same at 48 blocks x 32, budget 8 (11 to 13 minutes per run beside another, 5 seeds in about 8 h on 2 cores). depth: k-hop induction, "
             "where depth matters, 4 blocks with a budget of 2 (about 6 minutes per run on one core). partial: the default "
             "preset's models and data, 4 untied blocks against the same 4 looped over 5, 6 and 8 positions (10 rows x "
-            "10 seeds, no agent). gpu: 12 x 384 on one GPU, with dropout and model selection as in paper (about an hour for 5 seeds with --jobs 8 on an H200)."
+            "10 seeds, no agent). recipe: depth's task and models, the untied and looped rows only, gradient norms "
+            "recorded, to choose a training recipe with --lr_scheduler_type and --weight_decay. gpu: 12 x 384 on one GPU, with dropout and model selection as in paper (about an hour for 5 seeds with --jobs 8 on an H200)."
         },
     )
     results_dir: str | None = field(
@@ -267,6 +290,11 @@ class BenchArguments:
         "value its own runs; default 'false,true', both side by side."
     )
     dropout: float | None = _override("Dropout of the compared models (residual, embedding, attention).")
+    lr_scheduler_type: str | None = _override("transformers' learning-rate schedule after warm-up, e.g. 'cosine', 'linear'.")
+    weight_decay: float | None = _override("AdamW's decoupled weight decay.")
+    gradient_norm_interval: int | None = _override(
+        "Record each distinct block's gradient norm, and the training log, every this many optimizer steps."
+    )
     eval_interval: int | None = _override("Steps between two measurements of the validation and test loss.")
     max_validation_blocks: int | None = _override("Cap on the validation blocks evaluated.")
     early_stopping_patience: int | None = _override(
@@ -342,7 +370,7 @@ def _check(settings: BenchSettings) -> None:
     for name in positive:
         if getattr(settings, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(settings, name)}")
-    for name in ("max_test_blocks", "num_threads", "eval_interval", "max_validation_blocks"):
+    for name in ("max_test_blocks", "num_threads", "eval_interval", "max_validation_blocks", "gradient_norm_interval"):
         value = getattr(settings, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be >= 1, got {value}")
@@ -353,6 +381,10 @@ def _check(settings: BenchSettings) -> None:
         raise ValueError(f"--early_stopping_patience must be >= 0, got {settings.early_stopping_patience}")
     if settings.early_stopping_patience and not settings.eval_interval:
         raise ValueError("--early_stopping_patience needs --eval_interval: it counts evaluations of the validation loss")
+    if settings.lr_scheduler_type not in SCHEDULES:
+        raise ValueError(f"--lr_scheduler_type {settings.lr_scheduler_type!r}: expected one of {', '.join(SCHEDULES)}")
+    if settings.weight_decay < 0:
+        raise ValueError(f"--weight_decay must be >= 0, got {settings.weight_decay}")
     if not 0 <= settings.dropout < 1:
         raise ValueError(f"--dropout must be in [0, 1), got {settings.dropout}")
     if settings.learning_rate <= 0:
@@ -451,6 +483,8 @@ def run_tiers(settings: BenchSettings) -> list[Callable[[BenchSettings, int], li
     then has its first question's contrasts over the most seeds. Preset `partial`: its loops alone."""
     if settings.partial_loops:
         return [partial_loop_runs]
+    if settings.recipe_rows:
+        return [recipe_runs]
     return [equal_memory_runs, other_strategy_runs] + ([control_runs] if settings.controls else [])
 
 
@@ -531,6 +565,27 @@ def partial_loop_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
         for place in LOOP_PLACES
     ]
     return [RunSpec(untied_label(settings), "none", seed, num_blocks=budget), *loops]
+
+
+# Issue 53, part 2: the rows a recipe must train reliably. On k-hop induction with the study's recipe (preset
+# `depth`), the looped layouts at 2 of 4 blocks lost 2 of 5 seeds each, while similarity's map `0 1 1 1` trained
+# from scratch lost one; the plain loop of bench/multihop_probe.py trained the looped model on every seed. The
+# looped model comes first: its failing seeds are what the gradient norms are recorded for.
+RECIPE_MAPS = {"cycle @ U": "static:cycle", "sequence @ U": "static:sequence", "cycle_rev @ U": "static:cycle_rev"}
+
+
+def recipe_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
+    """`cycle @ U`, the untied models at the budget and at full depth, the other layouts at U and `0 1 1 1`."""
+    budget = settings.max_distinct_blocks
+    layouts = [RunSpec(label, f"{strategy}:{budget}", seed) for label, strategy in RECIPE_MAPS.items()]
+    similarity_map = [0] + [1] * (settings.n_layer - 1)
+    return [
+        layouts[0],
+        RunSpec(untied_label(settings), "none", seed, num_blocks=budget),
+        RunSpec("none", "none", seed),
+        *layouts[1:],
+        RunSpec(" ".join(map(str, similarity_map)), "static:" + ",".join(map(str, similarity_map)), seed),
+    ]
 
 
 def plan_contrasts(settings: BenchSettings) -> dict[str, dict[str, str]]:
@@ -633,8 +688,8 @@ def at_learning_rates(specs: list[RunSpec], learning_rates: dict[str, float] | N
 def memory_runs(settings: BenchSettings) -> list[RunSpec]:
     """At each depth: conventional training and DLT under the memory budget; and an untied model as deep as the
     budget, the equal-memory alternative (first seed); all of them without and with gradient checkpointing, as
-    `memory_gradient_checkpointing` lists. None for `partial`: every row holds U blocks' state."""
-    if settings.partial_loops:
+    `memory_gradient_checkpointing` lists. None for `partial` and `recipe`: their rows hold U blocks' state."""
+    if settings.partial_loops or settings.recipe_rows:
         return []
     models = [(strategy, depth) for depth in settings.memory_depths for strategy in ("none", "dlt")]
     models.append(("none", settings.memory_max_distinct_blocks))

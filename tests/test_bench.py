@@ -315,6 +315,25 @@ def test_a_run_with_early_stopping_stops_once_its_validation_loss_has_not_fallen
     assert result["best_validation_step"] == settings.eval_interval * (1 + curve.index(min(curve)))
 
 
+def test_a_run_records_each_distinct_blocks_gradient_norm_and_the_log_at_its_interval_under_its_recipe(tmp_path):
+    """Issue 53, part 2's measurements: a looped model (4 positions on 2 blocks) under a recipe other than the
+    study's; the groups' norms add up to the whole gradient's, and the log gives the norm before clipping."""
+    from bench.measure import run
+
+    interval = 4
+    settings = dataclasses.replace(TINY, lr_scheduler_type="linear", weight_decay=0.01, gradient_norm_interval=interval)
+    result = run(settings, RunSpec("cycle @ U", "static:cycle:2", 0), tmp_path)
+    norms, log = result["gradient_norms"], result["training_log"]
+    assert [row["step"] for row in norms] == [row["step"] for row in log] == list(range(interval, TINY.max_steps + 1, interval))
+    for row, logged in zip(norms, log):
+        assert {owner: block["positions"] for owner, block in row["blocks"].items()} == {"0": 2, "1": 2}
+        parts = math.sqrt(sum(block["norm"] ** 2 for block in row["blocks"].values()) + row["other"] ** 2)
+        assert parts == pytest.approx(row["clipped_total"], rel=1e-5)
+        assert row["clipped_total"] == pytest.approx(min(logged["grad_norm"], 1.0), rel=1e-4)  # clipped at max_grad_norm
+    # linear decay from the peak rate (no warm-up in tiny) to zero at the last step
+    assert log[0]["learning_rate"] == pytest.approx(TINY.learning_rate * (1 - (interval - 1) / TINY.max_steps))
+
+
 @pytest.mark.slow
 def test_a_study_on_a_task_reports_accuracy_per_hop_count_for_every_strategy(tmp_path):
     task = "hop_induction:length=16,max_hops=2,train_examples=200,eval_examples=40"
@@ -479,6 +498,9 @@ def test_no_difference_gets_a_size_from_an_equivalence_test_on_losses_only():
         ({"early_stopping_patience": -1}, "--early_stopping_patience must be >= 0, got -1"),
         ({"preset": "default", "early_stopping_patience": 3}, "--early_stopping_patience needs --eval_interval"),
         ({"task": "chains:length=8"}, "--task 'chains:length=8': expected '<name>:<config>' with a name among"),
+        ({"lr_scheduler_type": "step"}, "--lr_scheduler_type 'step': expected one of linear, cosine"),
+        ({"weight_decay": -0.1}, "--weight_decay must be >= 0, got -0.1"),
+        ({"gradient_norm_interval": 0}, "--gradient_norm_interval must be >= 1"),
         ({"memory_gradient_checkpointing": "false,yes"}, "--memory_gradient_checkpointing 'false,yes': expected 'false', 'true'"),
     ],
 )
