@@ -17,27 +17,30 @@ N steps with this setting) holds the norm before clipping.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from transformers import TrainerCallback
 
 
-def _norm(parameters: list[torch.nn.Parameter]) -> float:
-    squares = [parameter.grad.detach().float().pow(2).sum() for parameter in parameters if parameter.grad is not None]
-    return float(torch.stack(squares).sum().sqrt()) if squares else 0.0
+def _squared_norm(parameters: list[torch.nn.Parameter]) -> float:
+    return sum(float(parameter.grad.detach().float().pow(2).sum()) for parameter in parameters if parameter.grad is not None)
 
 
 def group_gradient_norms(model) -> dict:
     """The norms above for a tied model's current gradients, each shared Parameter counted once."""
     blocks = model.tied_blocks
     seen: set[int] = set()
-    norms = {}
+    norms, squared_sum = {}, 0.0
     for owner, positions in model.tying_map.groups().items():
         parameters = list(blocks[owner].parameters())
         seen.update(id(parameter) for parameter in parameters)
-        norms[str(owner)] = {"norm": _norm(parameters), "positions": len(positions)}
-    others = [parameter for parameter in model.parameters() if id(parameter) not in seen]
-    every = list(model.parameters())
-    return {"blocks": norms, "other": _norm(others), "clipped_total": _norm(every)}
+        squared = _squared_norm(parameters)
+        norms[str(owner)] = {"norm": math.sqrt(squared), "positions": len(positions)}
+        squared_sum += squared
+    other = _squared_norm([parameter for parameter in model.parameters() if id(parameter) not in seen])
+    # the groups and the rest partition the model's Parameters, so their squares add up to the whole gradient's
+    return {"blocks": norms, "other": math.sqrt(other), "clipped_total": math.sqrt(squared_sum + other)}
 
 
 class GradientNorms(TrainerCallback):

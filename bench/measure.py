@@ -176,6 +176,11 @@ def build_model(tokenizer, num_blocks: int, hidden: int, heads: int, context: in
     return load_model("tied_gpt2", tokenizer, config_overrides=overrides)
 
 
+def gradient_norm_interval(settings: BenchSettings, spec: RunSpec) -> int | None:
+    """How often a run records gradient norms (and logs, at the same steps); None: not at all, as in memory runs."""
+    return None if spec.kind == "memory" else settings.gradient_norm_interval
+
+
 def training_arguments(settings: BenchSettings, spec: RunSpec, output_dir: Path) -> TyingTrainingArguments:
     memory = spec.kind == "memory"
     steps = settings.memory_steps if memory else settings.max_steps
@@ -213,7 +218,7 @@ def training_arguments(settings: BenchSettings, spec: RunSpec, output_dir: Path)
         # what early stopping watches (the Trainer tracks its best without saving checkpoints)
         metric_for_best_model="validation_loss" if evaluated and settings.early_stopping_patience else None,
         save_strategy="no",
-        logging_steps=(not memory and settings.gradient_norm_interval) or max(1, steps // 10),
+        logging_steps=gradient_norm_interval(settings, spec) or max(1, steps // 10),
         report_to=[],
         disable_tqdm=True,
         tying_plot=False,
@@ -248,8 +253,9 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
     )
     meter = RunMeter(trainer)
     trainer.add_callback(meter)
-    norms = GradientNorms(model, settings.gradient_norm_interval) if settings.gradient_norm_interval and not memory else None
-    if norms is not None:
+    norms = None
+    if interval := gradient_norm_interval(settings, spec):
+        norms = GradientNorms(model, interval)
         trainer.add_callback(norms)
     if args.metric_for_best_model is not None:
         trainer.add_callback(ValidationEarlyStopping(early_stopping_patience=settings.early_stopping_patience))

@@ -500,15 +500,18 @@ def equal_memory_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
     would pick instead of tying) and DLT, whose finished run queues the fixed layouts at its budget. With a task,
     the fixed layouts at the budget too (the looped models of the looped-transformer literature are `cycle @ U`)."""
     budget = settings.max_distinct_blocks
-    layouts = []
-    if settings.task is not None:
-        layouts = [RunSpec(f"{layout} @ U", f"static:{layout}:{budget}", seed) for layout in STATIC_LAYOUTS]
+    layouts = layouts_at_budget(settings, seed) if settings.task is not None else []
     return [
         RunSpec("none", "none", seed),
         RunSpec(untied_label(settings), "none", seed, num_blocks=budget),
         *layouts,
         dlt_run(seed),
     ]
+
+
+def layouts_at_budget(settings: BenchSettings, seed: int) -> list[RunSpec]:
+    """Each fixed layout of `STATIC_LAYOUTS` at the budget itself (`<layout> @ U`)."""
+    return [RunSpec(f"{layout} @ U", f"static:{layout}:{settings.max_distinct_blocks}", seed) for layout in STATIC_LAYOUTS]
 
 
 def other_strategy_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
@@ -571,19 +574,19 @@ def partial_loop_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
 # `depth`), the looped layouts at 2 of 4 blocks lost 2 of 5 seeds each, while similarity's map `0 1 1 1` trained
 # from scratch lost one; the plain loop of bench/multihop_probe.py trained the looped model on every seed. The
 # looped model comes first: its failing seeds are what the gradient norms are recorded for.
-RECIPE_MAPS = {"cycle @ U": "static:cycle", "sequence @ U": "static:sequence", "cycle_rev @ U": "static:cycle_rev"}
+RECIPE_FIRST = "cycle @ U"
 
 
 def recipe_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
     """`cycle @ U`, the untied models at the budget and at full depth, the other layouts at U and `0 1 1 1`."""
-    budget = settings.max_distinct_blocks
-    layouts = [RunSpec(label, f"{strategy}:{budget}", seed) for label, strategy in RECIPE_MAPS.items()]
+    layouts = layouts_at_budget(settings, seed)
+    first = next(spec for spec in layouts if spec.label == RECIPE_FIRST)
     similarity_map = [0] + [1] * (settings.n_layer - 1)
     return [
-        layouts[0],
-        RunSpec(untied_label(settings), "none", seed, num_blocks=budget),
+        first,
+        RunSpec(untied_label(settings), "none", seed, num_blocks=settings.max_distinct_blocks),
         RunSpec("none", "none", seed),
-        *layouts[1:],
+        *(spec for spec in layouts if spec is not first),
         RunSpec(" ".join(map(str, similarity_map)), "static:" + ",".join(map(str, similarity_map)), seed),
     ]
 
