@@ -132,7 +132,7 @@ def _run_all(settings: CompressSettings, output: Path, jobs: int) -> list[str]:
     """Every row and seed without a result, seed by seed, `jobs` single-threaded processes side by side."""
     todo = [(row, seed) for seed in settings.seeds for row in plan(settings) if row.seeds is None or seed in row.seeds]
     with tqdm(total=len(todo), desc="Compression runs", unit="run") as progress:
-        queue = _RowQueue(output, todo, progress)
+        queue = _RowQueue(output, todo, progress, forked=settings.smoke_test)
         run_jobs(queue.next_job, queue.finished, jobs)
     return queue.failures
 
@@ -147,8 +147,8 @@ class _RowQueue:
     `Row.needs_teacher`) while that teacher is missing trains it first (`compress_run.run_row`), so while it runs
     the other such rows of its seed and family wait; if it ends without a teacher, they are reported not run."""
 
-    def __init__(self, output: Path, todo: list[tuple[Row, int]], progress: tqdm):
-        self.output, self.progress, self.failures = output, progress, []
+    def __init__(self, output: Path, todo: list[tuple[Row, int]], progress: tqdm, forked: bool = False):
+        self.output, self.progress, self.failures, self.forked = output, progress, [], forked
         self.queue = [item for item in todo if not (row_dir(output, *item) / "result.json").is_file()]
         progress.update(len(todo) - len(self.queue))
         self.training_teacher: set[tuple[int, str]] = set()  # (seed, family) whose teacher a running row trains
@@ -163,7 +163,8 @@ class _RowQueue:
         if row.needs_teacher and not teacher_ready(seed_dir(self.output, seed), row.model_type):
             self.training_teacher.add(_family(row, seed))
         command = single_run_command(Path(__file__).resolve(), json.dumps([row.label, seed]))
-        return Job(f"{row.label} seed {seed}", row_dir(self.output, row, seed), command, {"OMP_NUM_THREADS": "1"}, payload=(row, seed))
+        env = {"OMP_NUM_THREADS": "1"}
+        return Job(f"{row.label} seed {seed}", row_dir(self.output, row, seed), command, env, payload=(row, seed), forked=self.forked)
 
     def finished(self, job: Job, returncode: int) -> None:
         row, seed = job.payload

@@ -30,8 +30,9 @@ class CompressSettings:
     max_test_blocks: int | None
     seeds: tuple[int, ...]
     task: str | None = None  # a generated task instead of the plays (`bench/settings.py`, BenchSettings.task)
-    # Which distilled rows run, not how any row runs (so, like the seeds, not in the fingerprint): all of them, or for
-    # a smoke test one conversion and one baseline (`_distilled_rows`).
+    # Which distilled rows run, not what any row measures (so, like the seeds, not in the fingerprint): all of them,
+    # or for a smoke test one conversion and one baseline (`_distilled_rows`); a smoke test's runs of seconds are
+    # also forked from a process that imported the libraries once (bench/scheduling.py's forked runs).
     smoke_test: bool = False
 
     def fingerprint(self) -> str:

@@ -151,7 +151,8 @@ class Scheduler:
             threads = {"OMP_NUM_THREADS": str(self.settings.num_threads)} if self.settings.num_threads else {}
             command = single_run_command(Path(__file__).resolve(), spec.to_json())
             env = {"TOKENIZERS_PARALLELISM": "false", **threads}
-            return Job(f"{spec.label} seed {spec.seed}", run_dir, command, env, payload=(order, spec))
+            forked = self.settings.fork_runs and spec.kind != "memory"  # a memory run's peak is a fresh process's
+            return Job(f"{spec.label} seed {spec.seed}", run_dir, command, env, payload=(order, spec), forked=forked)
         return None
 
     def _finish(self, job: Job, returncode: int) -> None:

@@ -3,7 +3,17 @@
 own, and writes its folder's `log.txt`; the scripts decide what runs next and what a finished run makes possible.
 
 A run holds its folder's lock while it runs, so that a second scheduler started on the same results (a re-run after
-a `kill -9`, say) leaves the folder alone; on Linux it dies with the scheduler that started it, by a `kill -9` too."""
+a `kill -9`, say) leaves the folder alone; on Linux it dies with the scheduler that started it, by a `kill -9` too.
+
+Forked runs. Importing torch, transformers, peft and datasets costs a fresh process about 5 seconds of one core:
+nothing beside a run of minutes, most of a smoke test's run of seconds. A job marked `forked` therefore starts from
+a *template*: one process per script and environment that has imported the script's modules (run as a module, not as
+`__main__`, so its work must sit under `if __name__ == "__main__"`) and forks a child per run. The child is the run
+its command would have started: the script run as `__main__` with the command's flags, its output in `log.txt`, its
+folder's lock (passed to the template over a socket), `OMP_NUM_THREADS` applied with `torch.set_num_threads` (the
+OpenMP runtime read the variable when the template loaded it); on Linux it dies with the template, which dies with
+the scheduler. What differs: its process peak starts from the template's pages (as a fresh process's does once it
+has imported the same modules), not from its own imports; so a memory run never forks."""
 
 from __future__ import annotations
 
@@ -11,10 +21,14 @@ import ctypes
 import fcntl
 import json
 import os
+import runpy
+import select
 import signal
+import socket
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +39,7 @@ LOCK_FILE = ".lock"
 # status (0 to 255) or signal (negative).
 LOCKED = 256
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+MESSAGE_BYTES = 1 << 16  # a template's request or report, one JSON line
 
 
 @dataclass(eq=False)
@@ -37,6 +52,9 @@ class Job:
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
     payload: Any = None
+    # Started from a template that imported the script once (the module's docstring); `command` is then
+    # `[python, script, *flags]`. For runs of seconds; never for a run whose process peak is measured.
+    forked: bool = False
 
     def failure(self, returncode: int) -> str:
         """The line a script's summary gives a failed run: its name, and its exit code and log, or the lock that kept
@@ -64,12 +82,13 @@ def run_jobs(next_job: Callable[[], Job | None], finished: Callable[[Job, int], 
     A job whose folder another process is training is not started: `finished(job, LOCKED)` at once.
     However it ends, an interrupt or a SIGTERM included (background jobs of a shell ignore SIGINT), and on Linux a
     SIGKILL too, no run is left training unseen: a folder without its result reruns."""
-    running: dict[Job, subprocess.Popen] = {}
+    running: dict[Job, subprocess.Popen | ForkedRun] = {}
+    templates: dict[tuple, Template] = {}
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         while True:
             while len(running) < jobs and (job := next_job()) is not None:
-                if (process := _start(job)) is None:
+                if (process := _start(job, templates)) is None:
                     finished(job, LOCKED)
                 else:
                     running[job] = process
@@ -82,6 +101,8 @@ def run_jobs(next_job: Callable[[], Job | None], finished: Callable[[Job, int], 
         for process in running.values():
             process.terminate()
             process.wait()
+        for template in templates.values():
+            template.close()
         signal.signal(signal.SIGTERM, previous)
 
 
@@ -89,15 +110,23 @@ def _exit_on_sigterm(signum: int, frame) -> None:
     sys.exit(128 + signum)  # raises SystemExit here, so that `run_jobs` ends its children on the way out
 
 
-def _start(job: Job) -> subprocess.Popen | None:
-    """`job`'s process, holding its folder's lock; None, the folder's log untouched, while another process holds it."""
+def _start(job: Job, templates: dict[tuple, Template]) -> subprocess.Popen | ForkedRun | None:
+    """`job`'s process, holding its folder's lock; None, the folder's log untouched, while another process holds it.
+    A forked job's template is started with the first job of its script and environment."""
     job.run_dir.mkdir(parents=True, exist_ok=True)
     lock = _lock(job.run_dir / LOCK_FILE)
     if lock is None:
         return None
-    with lock, open(job.run_dir / "log.txt", "w") as log:
-        command, env = _dying_with_this_process(job.command), {**os.environ, **job.env}
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(lock.fileno(),))
+    env = {**os.environ, **job.env}
+    with lock:
+        if job.forked:
+            key = (job.command[1], tuple(sorted(env.items())))
+            if key not in templates:
+                templates[key] = Template(job.command[1], env)
+            return templates[key].start(job.command, job.env, job.run_dir / "log.txt", lock)
+        with open(job.run_dir / "log.txt", "w") as log:
+            command = _dying_with_this_process(job.command)
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(lock.fileno(),))
 
 
 def _lock(path: Path) -> IO | None:
@@ -122,14 +151,146 @@ def _dying_with_this_process(command: list[str]) -> list[str]:
 
 
 def _exec_dying_with(parent: int, command: list[str]) -> None:
-    """Become `command`, with the kernel asked to SIGKILL it when its parent ends (the request outlives `exec`); a
-    parent that is no longer `parent` ended while this process started, so it ends here instead."""
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent:
-        sys.exit(f"not run: its scheduler (process {parent}) ended while it started: {command}")
+    """Become `command`, dying with `parent` (`_die_with`; the request outlives `exec`)."""
+    _die_with(parent, command)
     os.execvp(command[0], command)
 
 
+def _die_with(parent: int, what) -> None:
+    """Ask the kernel to SIGKILL this process when its parent ends; a parent that is no longer `parent` ended while
+    this process started, so it ends here instead."""
+    if sys.platform != "linux":
+        return
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        sys.exit(f"not run: its scheduler (process {parent}) ended while it started: {what}")
+
+
+class Template:
+    """A process that imported `script`'s modules under `env` and forks a run per `start` (the module's docstring)."""
+
+    def __init__(self, script: str, env: dict[str, str]) -> None:
+        self.channel, theirs = socket.socketpair()
+        command = _dying_with_this_process([sys.executable, str(Path(__file__).resolve()), "--template", str(theirs.fileno()), script])
+        self.process = subprocess.Popen(command, env=env, pass_fds=(theirs.fileno(),), stdout=subprocess.DEVNULL)
+        theirs.close()
+        self.buffer = b""
+        self.returncodes: dict[int, int] = {}  # runs that ended and that no `ForkedRun.poll` has collected yet
+
+    def start(self, command: list[str], env: dict[str, str], log: Path, lock: IO) -> ForkedRun:
+        request = {"argv": command[1:], "env": env, "log": str(log)}
+        socket.send_fds(self.channel, [json.dumps(request).encode() + b"\n"], [lock.fileno()])
+        while "started" not in (message := self._message(wait=True)):
+            self._ended(message)
+        return ForkedRun(message["started"], self)
+
+    def collect(self) -> None:
+        """Note, without waiting, the runs the template has seen end."""
+        while (message := self._message(wait=False)) is not None:
+            self._ended(message)
+
+    def _ended(self, message: dict) -> None:
+        self.returncodes[message["pid"]] = message["returncode"]
+
+    def _message(self, wait: bool) -> dict | None:
+        while b"\n" not in self.buffer:
+            if not wait and not select.select([self.channel], [], [], 0)[0]:
+                return None
+            try:
+                chunk = self.channel.recv(MESSAGE_BYTES)
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                raise RuntimeError(f"the template of the forked runs ended (exit code {self.process.wait()})")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.channel.close()  # the template ends when its socket does
+        self.process.wait()
+
+
+class ForkedRun:
+    """A run forked by a `Template`: the part of `subprocess.Popen` that `run_jobs` uses."""
+
+    def __init__(self, pid: int, template: Template) -> None:
+        self.pid, self.template, self.returncode = pid, template, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.template.collect()
+            self.returncode = self.template.returncodes.pop(self.pid, None)
+        return self.returncode
+
+    def terminate(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            select.select([self.template.channel], [], [], 0.5)
+        return self.returncode
+
+
+def _serve(channel: socket.socket, script: str) -> None:
+    """The template: import `script`'s modules, then fork a run per request and report when each ends, until the
+    scheduler closes the socket (then its runs end too)."""
+    runpy.run_path(script, run_name="__template__")  # the module's imports, not its `main()`
+    running: set[int] = set()
+    while True:
+        if select.select([channel], [], [], 0.2)[0]:
+            request, fds, _, _ = socket.recv_fds(channel, MESSAGE_BYTES, 1)
+            if not request:
+                break
+            template = os.getpid()
+            pid = os.fork()
+            if pid == 0:
+                channel.close()
+                _forked_run(script, json.loads(request), template)
+            os.close(fds[0])  # the run holds the lock now
+            running.add(pid)
+            channel.sendall(json.dumps({"started": pid}).encode() + b"\n")
+        for pid in list(running):
+            ended, status = os.waitpid(pid, os.WNOHANG)
+            if ended:
+                running.discard(pid)
+                channel.sendall(json.dumps({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+    for pid in running:
+        os.kill(pid, signal.SIGKILL)
+
+
+def _forked_run(script: str, request: dict, template: int) -> None:
+    """In the child the template forked: the run its command would have started. Never returns."""
+    code = 1
+    try:
+        _die_with(template, request["argv"])
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.environ.update(request["env"])
+        if "OMP_NUM_THREADS" in request["env"]:
+            import torch
+
+            torch.set_num_threads(int(request["env"]["OMP_NUM_THREADS"]))
+        sys.argv = request["argv"]
+        runpy.run_path(script, run_name="__main__")
+        code = 0
+    except SystemExit as exit:  # as the interpreter would exit: None is 0, a message goes to stderr as 1
+        code = exit.code if isinstance(exit.code, int) else 0 if exit.code is None else 1
+        if not isinstance(exit.code, int) and exit.code is not None:
+            print(exit.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    _exec_dying_with(int(sys.argv[1]), sys.argv[2:])
+    if sys.argv[1] == "--template":
+        _serve(socket.socket(fileno=int(sys.argv[2])), sys.argv[3])
+    else:
+        _exec_dying_with(int(sys.argv[1]), sys.argv[2:])

@@ -91,6 +91,9 @@ class BenchSettings:
     # state, not the activations, which checkpointing cuts. Like `seeds`, it says which runs to make, not how a run
     # is measured (a checkpointed run has a folder and a record of its own): a folder's runs keep their fingerprint.
     memory_gradient_checkpointing: tuple[bool, ...] = (False, True)
+    # Fork each run but the memory runs from a process that has imported the libraries once (bench/scheduling.py's
+    # forked runs): about 5 s of one core less per run, which matters only for runs of seconds (preset tiny).
+    fork_runs: bool = False
 
     def fingerprint(self) -> str:
         """What a result must have been measured under to be reused (everything but scheduling)."""
@@ -98,7 +101,7 @@ class BenchSettings:
 
 
 # Settings that choose which runs to make, or how fast they go, not what a run measures: out of the fingerprint.
-SCHEDULING_SETTINGS = ("seeds", "num_threads", "memory_gradient_checkpointing")
+SCHEDULING_SETTINGS = ("seeds", "num_threads", "memory_gradient_checkpointing", "fork_runs")
 
 
 # Settings added after runs were recorded, with the value that behaves as before: left out of a fingerprint at that
@@ -133,7 +136,7 @@ PRESETS: dict[str, BenchSettings] = {
         warmup_steps=0, tying_interval=2, max_distinct_blocks=2, seeds=(0, 1), max_test_blocks=16,
         memory_depths=(8,), memory_n_embd=32, memory_n_head=2, memory_max_distinct_blocks=2,
         memory_batch_size=2, memory_steps=4, memory_tying_interval=1, eval_interval=4, max_validation_blocks=16,
-        dropout=0.2,
+        dropout=0.2, fork_runs=True,
     ),  # fmt: skip
     # The CPU study: 12 blocks of width 64 (82% of the parameters in blocks), 2,000 steps of 16 x 64 tokens
     # (2 M tokens, 1.3 epochs of the training works: enough to pass a count bigram), 1,000 decisions per DLT run,

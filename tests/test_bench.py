@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO_ROOT))  # `bench` is a folder of the repository, not
 from bench.provenance import processor_name  # noqa: E402
 from bench.report import interval  # noqa: E402
 from bench.run_bench import Scheduler  # noqa: E402
-from bench.scheduling import write_complete  # noqa: E402
+from bench.scheduling import Job, run_jobs, write_complete  # noqa: E402
 from bench.settings import PRESETS, BenchArguments, RunSpec, resolve_settings  # noqa: E402
 
 TINY = PRESETS["tiny"]
@@ -181,6 +181,20 @@ def test_a_rerun_skips_finished_runs_and_other_settings_are_refused(tiny_bench):
     assert [path.stat().st_mtime_ns for path in results] == written
     other = _bench(folder, "--max_steps", "13")
     assert other.returncode != 0 and "holds runs measured with other settings" in other.stderr
+
+
+@pytest.mark.slow
+def test_a_forked_run_records_what_a_fresh_process_records(tiny_bench, tmp_path):
+    """The tiny preset forks its runs from a template (`fork_runs`): the same run in a fresh process, as every other
+    preset runs it, gives the same losses, maps and curve (nothing the template imported leaks into a run)."""
+    folder, results = tiny_bench
+    spec = RunSpec("dlt", "dlt", 0)  # the agent draws from the RNG too
+    completed = _bench(tmp_path, "--single_run", spec.to_json())
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    fresh = json.loads((tmp_path / spec.directory / "result.json").read_text())
+    forked = results["runs"]["dlt"]["0"]
+    for key in ("test_loss", "validation_curve", "final_map", "map_change_steps", "trained_steps"):
+        assert fresh[key] == forked[key], key
 
 
 @pytest.mark.slow
@@ -596,7 +610,6 @@ def test_compress_trains_each_missing_teacher_once_and_reports_its_rows_not_run_
     from bench.compress import _RowQueue
     from bench.compress_settings import PRESETS as COMPRESS_PRESETS
     from bench.compress_settings import TEACHER_DIRS, plan
-    from bench.scheduling import Job
 
     rows = plan(COMPRESS_PRESETS["tiny"])
     gpt2 = [row for row in rows if row.model_type == "tied_gpt2" and row.needs_teacher]
@@ -728,7 +741,8 @@ def test_a_bad_learning_rate_grid_is_named(text):
         parse_learning_rates(text)
 
 
-# A scheduler (`run_jobs`, as every bench script uses it) of one job that writes its process id to its log and sleeps.
+# A scheduler (`run_jobs`, as every bench script uses it) of one job that writes its process id to its log and sleeps,
+# a fresh process or forked from a template (`Job.forked`).
 SCHEDULER = """
 import sys
 from pathlib import Path
@@ -736,14 +750,37 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from bench.scheduling import Job, run_jobs
 
-sleeper = [sys.executable, "-c", "import os, sys, time; print(os.getpid(), flush=True); time.sleep(float(sys.argv[1]))", sys.argv[3]]
-jobs = [Job("sleeper", Path(sys.argv[2]), sleeper)]
+sleeper = [sys.executable, sys.argv[3], sys.argv[4]]
+jobs = [Job("sleeper", Path(sys.argv[2]), sleeper, forked=sys.argv[5] == "forked")]
 run_jobs(lambda: jobs.pop() if jobs else None, lambda job, code: print(job.failure(code) if code else "trained"), 1)
 """
+SLEEPER = "import os, sys, time\nif __name__ == '__main__':\n    print(os.getpid(), flush=True)\n    time.sleep(float(sys.argv[1]))\n"
 
 
-def _scheduler(run_dir: Path, seconds: float) -> list[str]:
-    return [sys.executable, "-c", SCHEDULER, str(REPO_ROOT), str(run_dir), str(seconds)]
+def _scheduler(run_dir: Path, seconds: float, start: str) -> list[str]:
+    sleeper = run_dir.parent / "sleeper.py"
+    sleeper.write_text(SLEEPER)
+    return [sys.executable, "-c", SCHEDULER, str(REPO_ROOT), str(run_dir), str(sleeper), str(seconds), start]
+
+
+def test_a_forked_run_exits_as_its_script_would_with_its_output_in_its_log(tmp_path):
+    """Exit codes, a `sys.exit` message, a traceback and the thread count a fresh process would have had."""
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys, torch\n"
+        "if __name__ == '__main__':  # a template imports the script without running it\n"
+        "    print('threads', torch.get_num_threads(), flush=True)\n"
+        "    if sys.argv[1] == 'raise':\n        raise ValueError('a bad value')\n"
+        "    sys.exit(int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1])\n"
+    )
+    jobs = [Job(outcome, tmp_path / outcome, [sys.executable, str(script), outcome], {"OMP_NUM_THREADS": "1"}, forked=True) for outcome in ("0", "3", "a message", "raise")]
+    codes = {}
+    run_jobs(lambda: jobs.pop(0) if jobs else None, lambda job, code: codes.update({job.name: code}), 2)
+    assert codes == {"0": 0, "3": 3, "a message": 1, "raise": 1}
+    logs = {name: (tmp_path / name / "log.txt").read_text() for name in codes}
+    assert all(log.startswith("threads 1\n") for log in logs.values()), logs
+    assert logs["a message"].endswith("a message\n")
+    assert "ValueError: a bad value" in logs["raise"]
 
 
 def _started_job(run_dir: Path) -> int:
@@ -774,9 +811,11 @@ def _end(process: subprocess.Popen, job: int) -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="PR_SET_PDEATHSIG and /proc are Linux's")
-def test_a_scheduler_killed_by_sigkill_takes_its_runs_with_it(tmp_path):
-    """`kill -9` of a bench script runs none of its clean-up; its runs must not train on unseen."""
-    scheduler = subprocess.Popen(_scheduler(tmp_path / "run", 60), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+@pytest.mark.parametrize("start", ["fresh", "forked"])
+def test_a_scheduler_killed_by_sigkill_takes_its_runs_with_it(tmp_path, start):
+    """`kill -9` of a bench script runs none of its clean-up; its runs must not train on unseen (a forked run dies
+    with its template, which dies with the scheduler)."""
+    scheduler = subprocess.Popen(_scheduler(tmp_path / "run", 60, start), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     job = _started_job(tmp_path / "run")
     try:
         scheduler.kill()
@@ -789,14 +828,15 @@ def test_a_scheduler_killed_by_sigkill_takes_its_runs_with_it(tmp_path):
         _end(scheduler, job)
 
 
-def test_a_second_scheduler_leaves_a_folder_another_process_is_training_alone(tmp_path):
+@pytest.mark.parametrize("start", ["fresh", "forked"])
+def test_a_second_scheduler_leaves_a_folder_another_process_is_training_alone(tmp_path, start):
     """An immediate re-run (or a second study on the same results) skips the folders still training, by name, and
-    leaves their log alone."""
+    leaves their log alone; a forked run holds its folder's lock as a fresh one does."""
     run_dir = tmp_path / "run"
-    first = subprocess.Popen(_scheduler(run_dir, 60), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(_scheduler(run_dir, 60, start), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     job = _started_job(run_dir)
     try:
-        second = subprocess.run(_scheduler(run_dir, 0), capture_output=True, text=True, timeout=60)
+        second = subprocess.run(_scheduler(run_dir, 0, start), capture_output=True, text=True, timeout=60)
         assert second.returncode == 0, second.stderr
         assert second.stdout == f"sleeper: not run, another process is training {run_dir} (it holds {run_dir / '.lock'})\n"
         assert (run_dir / "log.txt").read_text() == f"{job}\n"

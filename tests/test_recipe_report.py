@@ -1,0 +1,43 @@
+"""bench/recipe_report.py: the recipe chosen on seeds 0-4 by validation only, over pairs every recipe has, and the
+committed report equal to what its records regenerate."""
+
+import json
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))  # `bench` is a folder of the repository, not part of the installed package
+
+from bench.recipe_report import choose, write_recipe_report  # noqa: E402
+
+
+def _runs(losses: dict[str, dict[int, float]]) -> dict[str, dict[int, dict]]:
+    return {label: {seed: {"validation_loss": loss, "test_loss": 0.0} for seed, loss in seeds.items()} for label, seeds in losses.items()}
+
+
+def test_the_choice_reads_only_seeds_0_to_4_and_pairs_every_recipe_has():
+    recipes = {
+        "a": _runs({"looped": {seed: 1.0 for seed in range(5)}, "untied": {seed: 0.5 for seed in range(5)}}),
+        # lower on its one unpaired run (looped, seed 4) and on a fresh seed, higher on the pairs
+        "b": _runs({"looped": {0: 1.1, 1: 1.1, 2: 1.1, 3: 1.1, 9: 0.0}, "untied": {seed: 0.4 for seed in range(5)}}),
+    }
+    choice = choose(recipes)
+    assert choice["pairs"] == 9 and not choice["complete"]
+    assert choice["mean_validation_loss"]["a"] == (4 * 1.0 + 5 * 0.5) / 9
+    assert choice["mean_validation_loss"]["b"] == (4 * 1.1 + 5 * 0.4) / 9
+    assert choice["recipe"] == "b"  # 0.711 < 0.722
+    assert choice["per_row"]["looped"]["recipe"] == "a" and choice["per_row"]["looped"]["seeds"] == [0, 1, 2, 3]
+    assert choice["per_row"]["untied"]["recipe"] == "b"
+
+
+def test_a_complete_grid_says_so_and_a_recipe_without_runs_leaves_no_choice():
+    full = _runs({"looped": {seed: 1.0 for seed in range(5)}})
+    assert choose({"a": full, "b": _runs({"looped": {seed: 2.0 for seed in range(5)}})})["complete"]
+    assert choose({"a": full, "b": {}})["recipe"] is None
+
+
+def test_the_committed_recipe_report_is_what_its_records_give(tmp_path):
+    committed = REPO_ROOT / "bench" / "reports" / "study" / "recipe" / "results.json"
+    write_recipe_report(REPO_ROOT / "bench" / "results" / "recipe", tmp_path)
+    assert json.loads((tmp_path / "results.json").read_text()) == json.loads(committed.read_text())
+    assert (tmp_path / "results.md").read_text() == committed.with_name("results.md").read_text()
