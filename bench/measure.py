@@ -84,7 +84,8 @@ class ValidationEarlyStopping(EarlyStoppingCallback):
 
 def process_peak_bytes() -> tuple[int, str]:
     """The process's peak: allocated CUDA memory on a GPU, else the resident set's high-water mark (`VmHWM`, which
-    starts afresh at `exec`, unlike `ru_maxrss`, which a child launched by a large parent inherits)."""
+    starts afresh at `exec`, unlike `ru_maxrss`, which a child launched by a large parent inherits; in a run forked
+    from a template, bench/scheduling.py, it starts from the template's pages, without the import's transient)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.cuda.max_memory_allocated(), "cuda_max_memory_allocated"
     status = Path("/proc/self/status")

@@ -68,11 +68,13 @@ def _mean_with_interval(runs: dict[int, dict], key: str) -> list[float] | None:
 
 def grid_cell(runs: dict[int, dict]) -> dict:
     """A row under one recipe: mean and interval over its seeds of what a recipe is chosen on (validation) and what
-    it is judged by (test), with each seed's values."""
+    it is judged by (test), and each seed's validation loss and accuracy (None for a seed of 0-4 not run yet)."""
     cell = {"seeds": sorted(runs)}
     for key in ("validation_loss", "validation_mean_accuracy", "test_loss", "mean_accuracy"):
         cell[key] = _mean_with_interval(runs, key)
-    cell["per_seed"] = {seed: {"validation_loss": run["validation_loss"], "mean_accuracy": run.get("mean_accuracy")} for seed, run in sorted(runs.items())}
+    seeds = sorted(set(CHOICE_SEEDS) | set(runs))  # every choice seed, None where it has not run
+    for key in ("validation_loss", "mean_accuracy"):
+        cell[f"{key}_by_seed"] = {seed: runs[seed].get(key) if seed in runs else None for seed in seeds}
     return cell
 
 
@@ -180,12 +182,13 @@ def _markdown(payload: dict) -> str:
         "",
         chosen,
         "",
-        "| row | recipe | seeds | validation loss | test loss | test accuracy |",
-        "|---|---|---|---|---|---|",
+        "| row | recipe | seeds | validation loss | test loss | test accuracy | test accuracy by seed |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in payload["rows"].values():
         cells = [_estimate(row[key]) for key in ("validation_loss", "test_loss", "mean_accuracy")]
-        lines.append(f"| {row['label']} | {row['recipe']} | {', '.join(map(str, row['seeds']))} | " + " | ".join(cells) + " |")
+        by_seed = ", ".join(f"{seed}: {value:.3f}" for seed, value in row["mean_accuracy_by_seed"].items() if value is not None)
+        lines.append(f"| {row['label']} | {row['recipe']} | {', '.join(map(str, row['seeds']))} | " + " | ".join(cells) + f" | {by_seed} |")
     lines += ["", "## Gradients by quarter of training, pooled over seeds", "", "![gradients](gradients.png)", ""]
     lines += ["| row | recipe | steps | loss | median norm before clipping | clipped | blocks' share of the squared norm |", "|---|---|---|---|---|---|---|"]
     for row in payload["rows"].values():

@@ -1,22 +1,25 @@
 """Benchmark runs as child processes, a few side by side: what the study (`run_bench.py`), compression
-(`compress.py`) and hop-depth (`hop_depth.py`) scripts share. Each run is a fresh process, so its peak memory is its
-own, and writes its folder's `log.txt`; the scripts decide what runs next and what a finished run makes possible.
+(`compress.py`) and hop-depth (`hop_depth.py`) scripts share. Each run is a fresh process (a forked one, below, for
+runs of seconds), so its peak memory is its own, and writes its folder's `log.txt`; the scripts decide what runs
+next and what a finished run makes possible.
 
 A run holds its folder's lock while it runs, so that a second scheduler started on the same results (a re-run after
 a `kill -9`, say) leaves the folder alone; on Linux it dies with the scheduler that started it, by a `kill -9` too.
 
 Forked runs. Importing torch, transformers, peft and datasets costs a fresh process about 5 seconds of one core:
 nothing beside a run of minutes, most of a smoke test's run of seconds. A job marked `forked` therefore starts from
-a *template*: one process per script and environment that has imported the script's modules (run as a module, not as
-`__main__`, so its work must sit under `if __name__ == "__main__"`) and forks a child per run. The child is the run
-its command would have started: the script run as `__main__` with the command's flags, its output in `log.txt`, its
-folder's lock (passed to the template over a socket), `OMP_NUM_THREADS` applied with `torch.set_num_threads` (the
-OpenMP runtime read the variable when the template loaded it); on Linux it dies with the template, which dies with
-the scheduler. What differs: its process peak starts from the template's pages (as a fresh process's does once it
-has imported the same modules), not from its own imports; so a memory run never forks."""
+a *template*: one process per interpreter, script and environment (the job's own, so that what a library reads from
+it at import, `OMP_NUM_THREADS` included, is what a fresh run would have read) that has imported the script's modules
+(run as a module, not as `__main__`, so its work must sit under `if __name__ == "__main__"`) and forks a child per
+run. The child is the run its command would have started: the script run as `__main__` with the command's flags, its
+output in `log.txt`, its folder's lock (passed to the template over a socket), ending as the interpreter ends a
+script; on Linux it dies with the template, which dies with the scheduler. What differs: its process peak starts from
+the template's pages (as a fresh process's does once it has imported the same modules), not from its own imports; so
+a memory run never forks."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import json
@@ -28,7 +31,6 @@ import socket
 import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,10 +122,10 @@ def _start(job: Job, templates: dict[tuple, Template]) -> subprocess.Popen | For
     env = {**os.environ, **job.env}
     with lock:
         if job.forked:
-            key = (job.command[1], tuple(sorted(env.items())))
+            key = (*job.command[:2], tuple(sorted(env.items())))
             if key not in templates:
-                templates[key] = Template(job.command[1], env)
-            return templates[key].start(job.command, job.env, job.run_dir / "log.txt", lock)
+                templates[key] = Template(*job.command[:2], env)
+            return templates[key].start(job.command, job.run_dir / "log.txt", lock)
         with open(job.run_dir / "log.txt", "w") as log:
             command = _dying_with_this_process(job.command)
             return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(lock.fileno(),))
@@ -168,21 +170,28 @@ def _die_with(parent: int, what) -> None:
 
 
 class Template:
-    """A process that imported `script`'s modules under `env` and forks a run per `start` (the module's docstring)."""
+    """A process that imported `script`'s modules under `env` and forks a run per `start` (the module's docstring).
+    If it ends (an interrupt sent to the whole process group, say), its runs ended with it: they report -SIGKILL."""
 
-    def __init__(self, script: str, env: dict[str, str]) -> None:
+    def __init__(self, python: str, script: str, env: dict[str, str]) -> None:
         self.channel, theirs = socket.socketpair()
-        command = _dying_with_this_process([sys.executable, str(Path(__file__).resolve()), "--template", str(theirs.fileno()), script])
+        command = _dying_with_this_process([python, str(Path(__file__).resolve()), "--template", str(theirs.fileno()), script])
         self.process = subprocess.Popen(command, env=env, pass_fds=(theirs.fileno(),), stdout=subprocess.DEVNULL)
         theirs.close()
         self.buffer = b""
         self.returncodes: dict[int, int] = {}  # runs that ended and that no `ForkedRun.poll` has collected yet
+        self.ended = False
 
-    def start(self, command: list[str], env: dict[str, str], log: Path, lock: IO) -> ForkedRun:
-        request = {"argv": command[1:], "env": env, "log": str(log)}
-        socket.send_fds(self.channel, [json.dumps(request).encode() + b"\n"], [lock.fileno()])
-        while "started" not in (message := self._message(wait=True)):
+    def start(self, command: list[str], log: Path, lock: IO) -> ForkedRun:
+        request = {"argv": command[1:], "log": str(log)}
+        try:
+            socket.send_fds(self.channel, [json.dumps(request).encode() + b"\n"], [lock.fileno()])
+        except OSError:
+            self.ended = True
+        while not self.ended and "started" not in (message := self._message(wait=True) or {}):
             self._ended(message)
+        if self.ended:
+            raise RuntimeError(f"the template of the forked runs of {command[1]} ended (exit code {self.process.wait()})")
         return ForkedRun(message["started"], self)
 
     def collect(self) -> None:
@@ -191,24 +200,25 @@ class Template:
             self._ended(message)
 
     def _ended(self, message: dict) -> None:
-        self.returncodes[message["pid"]] = message["returncode"]
+        if message:
+            self.returncodes[message["pid"]] = message["returncode"]
 
     def _message(self, wait: bool) -> dict | None:
+        """The template's next report; None if there is none yet (`wait=False`) or the template has ended."""
         while b"\n" not in self.buffer:
-            if not wait and not select.select([self.channel], [], [], 0)[0]:
+            if self.ended or (not wait and not select.select([self.channel], [], [], 0)[0]):
                 return None
             try:
                 chunk = self.channel.recv(MESSAGE_BYTES)
             except ConnectionResetError:
                 chunk = b""
-            if not chunk:
-                raise RuntimeError(f"the template of the forked runs ended (exit code {self.process.wait()})")
             self.buffer += chunk
+            self.ended = not chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)
 
     def close(self) -> None:
-        self.channel.close()  # the template ends when its socket does
+        self.channel.close()  # the template ends when its socket does, and ends its runs
         self.process.wait()
 
 
@@ -221,12 +231,13 @@ class ForkedRun:
     def poll(self) -> int | None:
         if self.returncode is None:
             self.template.collect()
-            self.returncode = self.template.returncodes.pop(self.pid, None)
+            self.returncode = self.template.returncodes.pop(self.pid, -signal.SIGKILL if self.template.ended else None)
         return self.returncode
 
     def terminate(self) -> None:
         if self.poll() is None:
-            os.kill(self.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # ended since
+                os.kill(self.pid, signal.SIGTERM)
 
     def wait(self) -> int:
         while self.poll() is None:
@@ -234,63 +245,66 @@ class ForkedRun:
         return self.returncode
 
 
-def _serve(channel: socket.socket, script: str) -> None:
+def _serve(channel: socket.socket, script: str) -> dict | None:
     """The template: import `script`'s modules, then fork a run per request and report when each ends, until the
-    scheduler closes the socket (then its runs end too)."""
+    scheduler closes the socket; then end (and reap) the runs still going, and return None. Returns in each forked
+    child too, with its request (outside every handler here, so that the run ends as a fresh interpreter would)."""
+    sys.path[0] = str(Path(script).resolve().parent)  # as `python script` has it
     runpy.run_path(script, run_name="__template__")  # the module's imports, not its `main()`
     running: set[int] = set()
-    while True:
-        if select.select([channel], [], [], 0.2)[0]:
-            request, fds, _, _ = socket.recv_fds(channel, MESSAGE_BYTES, 1)
-            if not request:
-                break
-            template = os.getpid()
-            pid = os.fork()
-            if pid == 0:
-                channel.close()
-                _forked_run(script, json.loads(request), template)
-            os.close(fds[0])  # the run holds the lock now
-            running.add(pid)
-            channel.sendall(json.dumps({"started": pid}).encode() + b"\n")
-        for pid in list(running):
-            ended, status = os.waitpid(pid, os.WNOHANG)
-            if ended:
-                running.discard(pid)
-                channel.sendall(json.dumps({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
-    for pid in running:
-        os.kill(pid, signal.SIGKILL)
-
-
-def _forked_run(script: str, request: dict, template: int) -> None:
-    """In the child the template forked: the run its command would have started. Never returns."""
-    code = 1
     try:
-        _die_with(template, request["argv"])
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.environ.update(request["env"])
-        if "OMP_NUM_THREADS" in request["env"]:
-            import torch
-
-            torch.set_num_threads(int(request["env"]["OMP_NUM_THREADS"]))
-        sys.argv = request["argv"]
-        runpy.run_path(script, run_name="__main__")
-        code = 0
-    except SystemExit as exit:  # as the interpreter would exit: None is 0, a message goes to stderr as 1
-        code = exit.code if isinstance(exit.code, int) else 0 if exit.code is None else 1
-        if not isinstance(exit.code, int) and exit.code is not None:
-            print(exit.code, file=sys.stderr)
-    except BaseException:
-        traceback.print_exc()
+        while True:
+            if select.select([channel], [], [], 0.2)[0]:
+                request, fds = _request(channel)
+                if not request:
+                    return
+                template = os.getpid()
+                pid = os.fork()
+                if pid == 0:
+                    channel.close()
+                    running.clear()  # the other runs are the template's to end
+                    return {**json.loads(request), "template": template}
+                os.close(fds[0])  # the run holds the lock now
+                running.add(pid)
+                channel.sendall(json.dumps({"started": pid}).encode() + b"\n")
+            for pid in list(running):
+                ended, status = os.waitpid(pid, os.WNOHANG)
+                if ended:
+                    running.discard(pid)
+                    channel.sendall(json.dumps({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+    except BrokenPipeError:  # the scheduler is gone
+        return None
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        for pid in running:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)  # so that its folder's lock is released before the template ends
+
+
+def _request(channel: socket.socket) -> tuple[bytes, list[int]]:
+    """One request line and the lock it passes; empty once the scheduler has closed the socket. A long line comes in
+    several reads (the one that carries the descriptor ends at the first part)."""
+    request, fds, _, _ = socket.recv_fds(channel, MESSAGE_BYTES, 1)
+    while request and not request.endswith(b"\n") and (more := channel.recv(MESSAGE_BYTES)):
+        request += more
+    return request, fds
+
+
+def _forked_run(script: str, request: dict) -> None:
+    """In the child the template forked: the run its command would have started, in the environment the template
+    was started with (the job's), ending as `python script` would (exit status, traceback, atexit, flushed output)."""
+    _die_with(request["template"], request["argv"])
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    sys.argv = request["argv"]
+    runpy.run_path(script, run_name="__main__")
+    sys.exit(0)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "--template":
-        _serve(socket.socket(fileno=int(sys.argv[2])), sys.argv[3])
+        if (forked := _serve(socket.socket(fileno=int(sys.argv[2])), sys.argv[3])) is not None:
+            _forked_run(sys.argv[3], forked)
     else:
         _exec_dying_with(int(sys.argv[1]), sys.argv[2:])

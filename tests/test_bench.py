@@ -11,6 +11,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -783,14 +784,41 @@ def test_a_forked_run_exits_as_its_script_would_with_its_output_in_its_log(tmp_p
     assert "ValueError: a bad value" in logs["raise"]
 
 
-def _started_job(run_dir: Path) -> int:
-    """The process id the scheduler's job wrote to its log, once it has."""
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+def test_a_template_that_dies_takes_its_runs_with_it_and_the_scheduler_goes_on(tmp_path):
+    """An interrupt sent to the whole process group ends the template too: its runs end with it and report -SIGKILL,
+    as fresh processes killed so would, and the scheduler ends normally."""
+    script = tmp_path / "sleeper.py"
+    script.write_text("import os, time\nif __name__ == '__main__':\n    print(os.getpid(), os.getppid(), flush=True)\n    time.sleep(60)\n")
+    jobs = [Job("sleeper", tmp_path / "run", [sys.executable, str(script)], forked=True)]
+    codes = []
+
+    def kill_the_template():
+        run, template = _started_job(tmp_path / "run", fields=2)
+        os.kill(template, signal.SIGKILL)
+        codes.append(run)
+
+    killer = threading.Thread(target=kill_the_template)
+    killer.start()
+    run_jobs(lambda: jobs.pop() if jobs else None, lambda job, code: codes.append(code), 1)
+    killer.join()
+    run, code = codes
+    assert code == -signal.SIGKILL
+    deadline = time.monotonic() + 5
+    while _alive(run) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(run)
+
+
+def _started_job(run_dir: Path, fields: int = 1):
+    """The process id (or the `fields` numbers) the scheduler's job wrote to its log, once it has."""
     log = run_dir / "log.txt"
     deadline = time.monotonic() + 30
-    while not (log.is_file() and log.read_text().strip()):
+    while not (log.is_file() and log.read_text().endswith("\n")):
         assert time.monotonic() < deadline, f"the job never started: {log}"
         time.sleep(0.05)
-    return int(log.read_text())
+    numbers = [int(number) for number in log.read_text().split()]
+    return numbers[0] if fields == 1 else numbers
 
 
 def _alive(pid: int) -> bool:
