@@ -9,13 +9,13 @@ a `kill -9`, say) leaves the folder alone; on Linux it dies with the scheduler t
 Forked runs. Importing torch, transformers, peft and datasets costs a fresh process about 5 seconds of one core:
 nothing beside a run of minutes, most of a smoke test's run of seconds. A job marked `forked` therefore starts from
 a *template*: one process per interpreter, script and environment (the job's own, so that what a library reads from
-it at import, `OMP_NUM_THREADS` included, is what a fresh run would have read) that has imported the script's modules
-(run as a module, not as `__main__`, so its work must sit under `if __name__ == "__main__"`) and forks a child per
-run. The child is the run its command would have started: the script run as `__main__` with the command's flags, its
-output in `log.txt`, its folder's lock (passed to the template over a socket), ending as the interpreter ends a
-script; on Linux it dies with the template, which dies with the scheduler. What differs: its process peak starts from
-the template's pages (as a fresh process's does once it has imported the same modules), not from its own imports; so
-a memory run never forks."""
+it at import, `OMP_NUM_THREADS` included, is what a fresh run would have read) that has imported the script's
+modules (run as a module, not as `__main__`, so its work must sit under `if __name__ == "__main__"`) and forks a
+child per run. The child is the run its command would have started: the script run as `__main__` with the command's
+flags, its output in `log.txt`, its folder's lock (passed to the template over a socket), ending as the interpreter
+ends a script; it dies with the template, which dies with the scheduler. Linux only: elsewhere a forked job runs
+fresh. What differs: its process peak starts from the template's pages (as a fresh process's does once it has
+imported the same modules), not from its own imports; so a memory run never forks."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def _start(job: Job, templates: dict[tuple, Template]) -> subprocess.Popen | For
         return None
     env = {**os.environ, **job.env}
     with lock:
-        if job.forked:
+        if job.forked and sys.platform == "linux":  # macOS's system libraries are not fork-safe once loaded
             key = (*job.command[:2], tuple(sorted(env.items())))
             if key not in templates:
                 templates[key] = Template(*job.command[:2], env)
