@@ -131,7 +131,8 @@ def gradient_phases(runs: dict[int, dict]) -> dict[str, dict]:
 
 def _block_share(row: dict) -> float:
     blocks = sum(block["norm"] ** 2 for block in row["blocks"].values())
-    return blocks / (blocks + row["other"] ** 2) if blocks + row["other"] ** 2 > 0 else float("nan")
+    total = blocks + row["other"] ** 2
+    return blocks / total if total > 0 else float("nan")
 
 
 def write_recipe_report(results: Path, report_dir: Path) -> Path:
@@ -139,9 +140,10 @@ def write_recipe_report(results: Path, report_dir: Path) -> Path:
     folders = sorted(folder for folder in results.iterdir() if (folder / "settings.json").is_file())
     if not folders:
         raise SystemExit(f"{results}: no recipe folders (each a results folder of `run_bench.py --preset recipe`)")
-    recipes = {recipe_of(folder)["name"]: collect(folder) for folder in folders}
+    described = {folder: recipe_of(folder) for folder in folders}
+    recipes = {recipe["name"]: collect(folder) for folder, recipe in described.items()}
     payload = {
-        "recipes": {recipe_of(folder)["name"]: recipe_of(folder) | {"folder": folder.relative_to(REPO_ROOT).as_posix()} for folder in folders},
+        "recipes": {recipe["name"]: recipe | {"folder": folder.relative_to(REPO_ROOT).as_posix()} for folder, recipe in described.items()},
         "choice_seeds": list(CHOICE_SEEDS),
         "max_grad_norm": MAX_GRAD_NORM,
         "choice": choose(recipes),

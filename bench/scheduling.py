@@ -188,9 +188,9 @@ class Template:
             socket.send_fds(self.channel, [json.dumps(request).encode() + b"\n"], [lock.fileno()])
         except OSError:
             self.ended = True
-        while not self.ended and "started" not in (message := self._message(wait=True) or {}):
+        while (message := self._message(wait=True)) is not None and "started" not in message:
             self._ended(message)
-        if self.ended:
+        if message is None:
             raise RuntimeError(f"the template of the forked runs of {command[1]} ended (exit code {self.process.wait()})")
         return ForkedRun(message["started"], self)
 
@@ -200,8 +200,7 @@ class Template:
             self._ended(message)
 
     def _ended(self, message: dict) -> None:
-        if message:
-            self.returncodes[message["pid"]] = message["returncode"]
+        self.returncodes[message["pid"]] = message["returncode"]
 
     def _message(self, wait: bool) -> dict | None:
         """The template's next report; None if there is none yet (`wait=False`) or the template has ended."""
@@ -266,18 +265,22 @@ def _serve(channel: socket.socket, script: str) -> dict | None:
                     return {**json.loads(request), "template": template}
                 os.close(fds[0])  # the run holds the lock now
                 running.add(pid)
-                channel.sendall(json.dumps({"started": pid}).encode() + b"\n")
+                _report(channel, {"started": pid})
             for pid in list(running):
                 ended, status = os.waitpid(pid, os.WNOHANG)
                 if ended:
                     running.discard(pid)
-                    channel.sendall(json.dumps({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+                    _report(channel, {"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
     except BrokenPipeError:  # the scheduler is gone
         return None
     finally:
         for pid in running:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)  # so that its folder's lock is released before the template ends
+
+
+def _report(channel: socket.socket, message: dict) -> None:
+    channel.sendall(json.dumps(message).encode() + b"\n")
 
 
 def _request(channel: socket.socket) -> tuple[bytes, list[int]]:
