@@ -3,6 +3,7 @@
 
     python bench/compile.py                   # 6 blocks of width 128, 12 steps, a decision every 2 (inductor)
     python bench/compile.py --max_steps 24 --backend aot_eager
+    python bench/compile.py --use_gpu --output_dir bench/reports/compile/gpu   # on a CUDA GPU
 
 Each mode trains the same DLT run in a fresh single-threaded process with an empty inductor cache (so each compiles
 from nothing, as a first run does, and two threads do not fight over a shared machine) through the study's path
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch._dynamo import convert_frame
@@ -59,11 +61,14 @@ def main() -> None:
     parser.add_argument("--tying_interval", type=int, default=2, help="Optimizer steps between two DLT decisions.")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (torch_compile_backend).")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--use_gpu", action="store_true", help="Train on the CUDA GPU (the study's setting `use_gpu`).")
     parser.add_argument("--output_dir", default=str(REPO_ROOT / "bench" / "reports" / "compile"))
     parser.add_argument("--mode", choices=MODES, help="Internal: the mode this process measures.")
     args = parser.parse_args()
     if args.max_steps < 2 or args.tying_interval < 1:  # a step after the first, which compiles, for the median
         parser.error("--max_steps must be at least 2 and --tying_interval at least 1")
+    if args.use_gpu and not torch.cuda.is_available():
+        parser.error("--use_gpu: torch sees no CUDA GPU here")
     if args.mode is not None:
         measure(args)
         return
@@ -77,7 +82,7 @@ def main() -> None:
 def run_mode(args, mode: str, output_dir: Path) -> dict:
     """Measure `mode` in a fresh process, single-threaded, with an inductor cache of its own; its record."""
     print(f"[{mode}] training {args.max_steps} steps ...", flush=True)
-    flags = [f"--{name}={getattr(args, name)}" for name in (*SIZES, "output_dir")]
+    flags = [f"--{name}={getattr(args, name)}" for name in (*SIZES, "output_dir")] + ["--use_gpu"] * args.use_gpu
     with tempfile.TemporaryDirectory() as inductor_cache:  # compiled kernels and graphs of no earlier run
         offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
         environment = {**os.environ, **offline, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": inductor_cache}
@@ -100,16 +105,19 @@ def measure(args) -> None:
         training_args = TyingTrainingArguments(
             output_dir=output_dir, tying_strategy="dlt", tying_interval=args.tying_interval, max_steps=args.max_steps,
             per_device_train_batch_size=args.batch_size, learning_rate=3e-3, seed=args.seed, data_seed=args.seed,
-            use_cpu=True, save_strategy="no", report_to=[], disable_tqdm=True, logging_steps=args.max_steps,
+            use_cpu=not args.use_gpu, save_strategy="no", report_to=[], disable_tqdm=True, logging_steps=args.max_steps,
             tying_plot=False, **compiled,
         )  # fmt: skip
-        meter = CompileMeter(model)
+        meter = CompileMeter(model, synchronize=torch.cuda.synchronize if args.use_gpu else lambda: None)
         trainer_class = WholeModelTrainer if args.mode == "whole" else TyingTrainer
         trainer = trainer_class(model=model, args=training_args, train_dataset=blocks["train"], callbacks=[meter])
         started = time.perf_counter()
         trainer.train()
         train_seconds = time.perf_counter() - started
-    result = {"mode": args.mode, "train_seconds": train_seconds, "threads": torch.get_num_threads(), **meter.summary()}
+    device = torch.cuda.get_device_name() if args.use_gpu else "CPU"
+    threads = torch.get_num_threads()
+    result = {"mode": args.mode, "train_seconds": train_seconds, "device": device, "threads": threads}
+    result.update(meter.summary())
     Path(args.output_dir, f"{args.mode}.json").write_text(json.dumps(result, indent=1))
 
 
@@ -134,10 +142,12 @@ def compile_counts() -> dict[str, int]:
 
 
 class CompileMeter(TrainerCallback):
-    """Per optimizer step: its wall time, the map it trained under and whether it compiled a graph."""
+    """Per optimizer step: its wall time, the map it trained under and whether it compiled a graph. On a GPU,
+    `synchronize` waits for the step's kernels, which run after the Python that launched them has returned."""
 
-    def __init__(self, model):
+    def __init__(self, model, synchronize: Callable[[], None]):
         self.model = model
+        self.synchronize = synchronize
         self.seconds: list[float] = []
         self.maps: list[tuple[int, ...]] = []
         self.compiled: list[bool] = []
@@ -146,9 +156,11 @@ class CompileMeter(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._graphs = compile_counts()["graphs"]
+        self.synchronize()
         self._started = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
+        self.synchronize()
         self.seconds.append(time.perf_counter() - self._started)
         self.maps.append(tuple(self.model.tying_map))
         self.compiled.append(compile_counts()["graphs"] > self._graphs)
@@ -175,8 +187,9 @@ def write_report(args, runs: dict, output_dir: Path) -> None:
     setup = (
         f"TiedGPT2, {args.n_layer} blocks x width {args.n_embd} ({args.n_head} heads), DLT deciding every "
         f"{args.tying_interval} steps from all blocks tied, {args.max_steps} AdamW steps of {args.batch_size} x "
-        f"{args.block_size} tokens (the study's works and tokenizer), backend {args.backend}, CPU, "
-        f"{runs['eager']['threads']} torch thread(s), one fresh process and an empty inductor cache per mode"
+        f"{args.block_size} tokens (the study's works and tokenizer), backend {args.backend}, "
+        f"{runs['eager'].get('device', 'CPU')}, {runs['eager']['threads']} torch thread(s), one fresh process and an "
+        "empty inductor cache per mode"
     )
     labels = {"eager": "eager", "whole": "whole model compiled", "regional": "each block compiled (regional)"}
     lines = [
