@@ -35,7 +35,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
 
 from bench.markdown_tables import refresh_markdown  # noqa: E402
 from bench.report import estimate, interval, load_result  # noqa: E402
-from bench.settings import LATER_SETTINGS, PRESETS, recipe_runs  # noqa: E402
+from bench.settings import LATER_SETTINGS, PRESETS, RECIPE_REPORT, recipe_runs  # noqa: E402
 
 CHOICE_SEEDS = (0, 1, 2, 3, 4)  # the issue: a recipe is chosen on seeds 0-4, then frozen for fresh seeds 5-14
 PHASES = 4  # a run's gradient log is summarised by quarters of its steps: plateau, drop and the end differ
@@ -239,7 +239,7 @@ def _plot_gradients(recipes: dict[str, dict[str, dict[int, dict]]], path: Path) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results_dir", type=Path, default=REPO_ROOT / "bench" / "results" / "recipe", help="the folder of recipe folders")
-    parser.add_argument("--report_dir", type=Path, default=REPO_ROOT / "bench" / "reports" / "study" / "recipe")
+    parser.add_argument("--report_dir", type=Path, default=RECIPE_REPORT.parent)
     args = parser.parse_args()
     print(f"Report: {write_recipe_report(args.results_dir, args.report_dir)}")
     refresh_markdown()

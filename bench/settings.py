@@ -86,6 +86,10 @@ class BenchSettings:
     # Issue 53, part 2's rows instead of the study's strategies (preset `recipe`, `recipe_runs`): the untied and
     # looped models whose reliability a recipe is chosen for. No agent, no memory runs.
     recipe_rows: bool = False
+    # With `recipe_rows`, DLT and random tying at the budget as well, without their followers (final maps from
+    # scratch, layouts at their final U): the equal-memory comparison that the recipe chosen on seeds 0-4 is frozen
+    # for and run on fresh seeds (issue 53, part 2).
+    recipe_agents: bool = False
     # Whether the memory runs train with gradient checkpointing (transformers' `gradient_checkpointing`): each value
     # listed is a set of memory runs of its own, so that the report sets the two side by side. Tying cuts the training
     # state, not the activations, which checkpointing cuts. Like `seeds`, it says which runs to make, not how a run
@@ -108,7 +112,7 @@ SCHEDULING_SETTINGS = ("seeds", "num_threads", "memory_gradient_checkpointing", 
 # value, so that the earlier runs keep theirs.
 LATER_SETTINGS = {
     "task": None, "early_stopping_patience": 0, "partial_loops": False, "lr_scheduler_type": "cosine",
-    "weight_decay": 0.1, "gradient_norm_interval": None, "recipe_rows": False,
+    "weight_decay": 0.1, "gradient_norm_interval": None, "recipe_rows": False, "recipe_agents": False,
 }  # fmt: skip
 
 
@@ -203,6 +207,31 @@ PRESETS["partial"] = dataclasses.replace(PRESETS["default"], n_layer=8, controls
 # limited to `recipe_runs`, gradient norms every 25 steps. A recipe is a results folder of its own, e.g.
 # `--lr_scheduler_type linear --weight_decay 0.01 --results_dir bench/results/recipe/linear-wd0.01`.
 PRESETS["recipe"] = dataclasses.replace(PRESETS["depth"], recipe_rows=True, gradient_norm_interval=25)
+# The equal-memory comparison on fresh seeds (issue 53, part 2): the recipe rows with DLT and random at the budget,
+# seeds 5-14, under the recipe `bench/recipe_report.py` chose on seeds 0-4 (`RECIPE_REPORT`). Its schedule and weight
+# decay are read from that report when the preset is resolved, and refused while the choice is provisional, so that
+# no fresh seed trains before the recipe is frozen and every fresh run names the recipe in its fingerprint.
+PRESETS["depth-fresh"] = dataclasses.replace(
+    PRESETS["recipe"], seeds=tuple(range(5, 15)), recipe_agents=True, gradient_norm_interval=None
+)
+RECIPE_REPORT = REPO_ROOT / "bench" / "reports" / "study" / "recipe" / "results.json"
+
+
+def chosen_recipe(report: Path) -> dict[str, str | float]:
+    """The schedule and weight decay of the recipe chosen in `report` (bench/recipe_report.py's results.json), or one
+    error saying why there is none to freeze yet."""
+    if not report.is_file():
+        raise ValueError(f"preset depth-fresh runs the recipe chosen on seeds 0-4, and {report} does not exist: run bench/recipe_report.py")
+    payload = json.loads(report.read_text())
+    choice = payload["choice"]
+    if not choice["complete"]:
+        raise ValueError(
+            f"preset depth-fresh runs the recipe chosen on seeds 0-4, and the choice in {report} is provisional: "
+            f"{choice['pairs']} (row, seed) pairs have finished under every recipe, not all. Finish the recipe grid "
+            "(preset recipe) and rerun bench/recipe_report.py first."
+        )
+    recipe = payload["recipes"][choice["recipe"]]
+    return {"lr_scheduler_type": recipe["lr_scheduler_type"], "weight_decay": recipe["weight_decay"]}
 
 
 def _override(help_text: str) -> dict:
@@ -222,7 +251,7 @@ class BenchArguments:
             "where depth matters, 4 blocks with a budget of 2 (about 6 minutes per run on one core). partial: the default "
             "preset's models and data, 4 untied blocks against the same 4 looped over 5, 6 and 8 positions (10 rows x "
             "10 seeds, no agent). recipe: depth's task and models, the untied and looped rows only, gradient norms "
-            "recorded, to choose a training recipe with --lr_scheduler_type and --weight_decay. gpu: 12 x 384 on one GPU, with dropout and model selection as in paper (about an hour for 5 seeds with --jobs 8 on an H200)."
+            "recorded, to choose a training recipe with --lr_scheduler_type and --weight_decay. depth-fresh: the recipe rows, DLT and random on fresh seeds 5-14 under the recipe bench/recipe_report.py chose (refused until the choice is final). gpu: 12 x 384 on one GPU, with dropout and model selection as in paper (about an hour for 5 seeds with --jobs 8 on an H200)."
         },
     )
     results_dir: str | None = field(
@@ -325,7 +354,10 @@ def resolve_settings(args: BenchArguments) -> BenchSettings:
     for name, parse in LIST_FLAGS.items():
         if name in overrides:
             overrides[name] = parse(overrides[name], name)
-    settings = dataclasses.replace(PRESETS[args.preset], **overrides)
+    preset = PRESETS[args.preset]
+    if preset.recipe_agents:
+        preset = dataclasses.replace(preset, **chosen_recipe(RECIPE_REPORT))
+    settings = dataclasses.replace(preset, **overrides)
     _check(settings)
     return settings
 
@@ -487,7 +519,7 @@ def run_tiers(settings: BenchSettings) -> list[Callable[[BenchSettings, int], li
     if settings.partial_loops:
         return [partial_loop_runs]
     if settings.recipe_rows:
-        return [recipe_runs]
+        return [recipe_runs] + ([agent_runs_at_budget] if settings.recipe_agents else [])
     return [equal_memory_runs, other_strategy_runs] + ([control_runs] if settings.controls else [])
 
 
@@ -594,6 +626,11 @@ def recipe_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
     ]
 
 
+def agent_runs_at_budget(settings: BenchSettings, seed: int) -> list[RunSpec]:
+    """DLT and random tying capped at the budget, beside the recipe rows."""
+    return [dlt_run(seed), RunSpec("random", "random", seed)]
+
+
 def plan_contrasts(settings: BenchSettings) -> dict[str, dict[str, str]]:
     """The rows a plan pairs beyond the study's baselines: label -> {name: other label}. `partial`: each loop in the
     middle against the same loop at the start and at the end."""
@@ -663,7 +700,10 @@ def final_map_from_scratch(label: str, seed: int, final_map: list[int]) -> RunSp
 
 def runs_after(spec: RunSpec, result: dict, settings: BenchSettings, learning_rates: dict[str, float] | None = None) -> list[RunSpec]:
     """The runs a finished study run makes possible: DLT's (default agent, no other setting), random's and
-    similarity's followers, at their own label's learning rate (`learning_rates`) or, without a table, at their leader's."""
+    similarity's followers, at their own label's learning rate (`learning_rates`) or, without a table, at their leader's.
+    None in the recipe presets: their agents are rows of the equal-memory comparison, not leaders."""
+    if settings.recipe_rows:
+        return []
     if spec.strategy == "dlt" and spec.dlt_variant == "default" and not spec.tying:
         followers = runs_after_dlt(spec.seed, result["final_map"], result["distinct_final"], result["distinct_mean"])
     elif spec.strategy == "random":

@@ -367,6 +367,31 @@ def test_a_study_on_a_task_reports_accuracy_per_hop_count_for_every_strategy(tmp
     assert matplotlib.image.imread(tmp_path / "accuracy_by_hops.png").shape[0] > 100
 
 
+def test_the_fresh_seed_preset_runs_the_recipe_rows_with_dlt_and_random_under_the_final_choice_only(tmp_path, monkeypatch):
+    """Issue 53, part 2: seeds 5-14; the recipe rows, DLT and random, the agents without followers; the schedule and
+    weight decay of bench/recipe_report.py's choice, refused while that choice is provisional."""
+    import bench.settings as bench_settings
+    from bench.settings import independent_runs, recipe_runs, runs_after
+
+    report = tmp_path / "results.json"
+    linear = {"name": "linear, weight decay 0.01", "lr_scheduler_type": "linear", "weight_decay": 0.01, "folder": "x"}
+    payload = {"recipes": {linear["name"]: linear}, "choice": {"recipe": linear["name"], "pairs": 3, "complete": False}}
+    report.write_text(json.dumps(payload))
+    monkeypatch.setattr(bench_settings, "RECIPE_REPORT", report)
+    with pytest.raises(ValueError, match=r"the choice in .*results.json is provisional: 3 \(row, seed\) pairs"):
+        resolve_settings(BenchArguments(preset="depth-fresh"))
+    report.write_text(json.dumps(payload | {"choice": payload["choice"] | {"complete": True}}))
+    settings = resolve_settings(BenchArguments(preset="depth-fresh"))
+    assert (settings.lr_scheduler_type, settings.weight_decay, settings.seeds) == ("linear", 0.01, tuple(range(5, 15)))
+    assert dataclasses.replace(settings, lr_scheduler_type="cosine", weight_decay=0.1, seeds=PRESETS["recipe"].seeds,
+                               recipe_agents=False, gradient_norm_interval=25) == PRESETS["recipe"]  # fmt: skip
+    planned = independent_runs(settings, 5)
+    assert [spec.label for spec in planned] == [spec.label for spec in recipe_runs(settings, 5)] + ["dlt", "random"]
+    finished = {"final_map": [0, 1, 1, 1], "distinct_final": 2, "distinct_mean": 1.5}
+    assert [runs_after(spec, finished, settings) for spec in planned[-2:]] == [[], []]
+    assert runs_after(planned[-1], finished, PRESETS["depth"])  # the depth study's random has its follower
+
+
 PARTIAL_LOOPS = {  # issue 53: 4 untied blocks, and the same 4 looped over 5, 6 and 8 positions
     "untied, 4 blocks": ("none", 4),
     "loop middle, 5 positions (0 1 1 3 4)": ("static:0,1,1,3,4", 5),
