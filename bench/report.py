@@ -162,8 +162,10 @@ def _verdict(mean: float, half: float) -> str:
 def summarise(table: dict[str, dict[int, dict]], contrasts_of: dict[str, dict[str, str]] | None = None) -> dict[str, dict]:
     """One row per label: quality, budget, memory, time, overhead and paired differences, with the study's baselines
     and, for a label of `contrasts_of` (`plan_contrasts`: label -> {name: other label}), with those rows too."""
-    static_at_final = [f"{layout} @ final U" for layout in STATIC_LAYOUTS]
     measured = {label: runs for label, runs in table.items() if runs}
+    static_at_final = [f"{layout} @ final U" for layout in STATIC_LAYOUTS]
+    if not any(label in measured for label in static_at_final):  # no DLT followers (depth-fresh): those at the budget
+        static_at_final = [f"{layout} @ U" for layout in STATIC_LAYOUTS]
     # Chosen on validation loss: choosing the baseline on the test plays would flatter it. Under model selection,
     # on each run's lowest validation loss, the loss its selected model is chosen by.
     best_static = _lowest(static_at_final, measured, lambda run: run["validation_loss"])

@@ -392,6 +392,38 @@ def test_the_fresh_seed_preset_runs_the_recipe_rows_with_dlt_and_random_under_th
     assert runs_after(planned[-1], finished, PRESETS["depth"])  # the depth study's random has its follower
 
 
+@pytest.mark.slow
+def test_a_fresh_seed_report_pairs_dlt_with_the_best_layout_at_the_budget(tmp_path):
+    """Without DLT's followers (preset depth-fresh), the best static layout is chosen on validation loss among the
+    layouts at the budget itself, and DLT and random are paired with it and with the untied blocks."""
+    from bench.measure import run
+    from bench.report import write_report
+    from bench.settings import independent_runs
+
+    settings = dataclasses.replace(
+        PRESETS["depth-fresh"], task="hop_induction:length=16,max_hops=2,train_examples=200,eval_examples=40",
+        n_embd=32, n_head=2, block_size=18, max_steps=2, batch_size=2, warmup_steps=0, seeds=(5, 6),
+    )  # fmt: skip
+    trained = run(settings, RunSpec("dlt", "dlt", 5), tmp_path / "run")
+    (tmp_path / "settings.json").write_text(json.dumps({"fingerprint": settings.fingerprint(), "baselines": {"bigram_test_loss": None}}))
+    validation = {"cycle @ U": 0.5, "sequence @ U": 0.3, "cycle_rev @ U": 0.4}
+    for seed in settings.seeds:
+        for index, spec in enumerate(independent_runs(settings, seed)):
+            (tmp_path / spec.directory).mkdir(parents=True)
+            losses = {"validation_loss": validation.get(spec.label, 1.0), "test_loss": 1 + index / 10 + seed / 100}
+            record = {"label": spec.label, "seed": seed, "num_blocks": spec.num_blocks or settings.n_layer, **losses}
+            write_complete(tmp_path / spec.directory / "result.json", trained | record)
+    report = write_report(settings, tmp_path).read_text()
+    payload = json.loads((tmp_path / "results.json").read_text())
+    assert payload["best_static_at_final_budget"] == "sequence @ U"
+    rows = payload["rows"]
+    labels = [spec.label for spec in independent_runs(settings, 5)]
+    dlt_minus = labels.index("dlt") - labels.index("sequence @ U")
+    assert rows["dlt"]["versus"]["best static"]["mean"] == pytest.approx(dlt_minus / 10)
+    assert {"untied U", "best static"} <= rows["random"]["versus"].keys()
+    assert "Best static layout at DLT's final budget (chosen on validation loss): sequence @ U;" in report
+
+
 PARTIAL_LOOPS = {  # issue 53: 4 untied blocks, and the same 4 looped over 5, 6 and 8 positions
     "untied, 4 blocks": ("none", 4),
     "loop middle, 5 positions (0 1 1 3 4)": ("static:0,1,1,3,4", 5),
