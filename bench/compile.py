@@ -3,7 +3,7 @@
 
     python bench/compile.py                   # 6 blocks of width 128, 12 steps, a decision every 2 (inductor)
     python bench/compile.py --max_steps 24 --backend aot_eager
-    python bench/compile.py --use_gpu --output_dir bench/reports/compile/gpu   # on a CUDA GPU
+    python bench/compile.py --use_gpu         # on a CUDA GPU, into bench/reports/compile/gpu
 
 Each mode trains the same DLT run in a fresh single-threaded process with an empty inductor cache (so each compiles
 from nothing, as a first run does, and two threads do not fight over a shared machine) through the study's path
@@ -62,13 +62,15 @@ def main() -> None:
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (torch_compile_backend).")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--use_gpu", action="store_true", help="Train on the CUDA GPU (the study's setting `use_gpu`).")
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "bench" / "reports" / "compile"))
+    parser.add_argument("--output_dir", help="Default: bench/reports/compile, or bench/reports/compile/gpu with --use_gpu.")
     parser.add_argument("--mode", choices=MODES, help="Internal: the mode this process measures.")
     args = parser.parse_args()
     if args.max_steps < 2 or args.tying_interval < 1:  # a step after the first, which compiles, for the median
         parser.error("--max_steps must be at least 2 and --tying_interval at least 1")
     if args.use_gpu and not torch.cuda.is_available():
         parser.error("--use_gpu: torch sees no CUDA GPU here")
+    if args.output_dir is None:
+        args.output_dir = str(REPO_ROOT / "bench" / "reports" / "compile" / ("gpu" if args.use_gpu else ""))
     if args.mode is not None:
         measure(args)
         return

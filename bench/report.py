@@ -35,6 +35,7 @@ from .settings import (  # noqa: E402
     independent_runs,
     memory_runs,
     plan_contrasts,
+    recipe_runs,
     runs_after,
     untied_label,
 )
@@ -159,18 +160,18 @@ def _verdict(mean: float, half: float) -> str:
     return "lower" if mean < 0 else "higher"
 
 
-def summarise(table: dict[str, dict[int, dict]], contrasts_of: dict[str, dict[str, str]] | None = None) -> dict[str, dict]:
+def summarise(
+    table: dict[str, dict[int, dict]], contrasts_of: dict[str, dict[str, str]] | None = None, static_layouts: list[str] | None = None
+) -> dict[str, dict]:
     """One row per label: quality, budget, memory, time, overhead and paired differences, with the study's baselines
-    and, for a label of `contrasts_of` (`plan_contrasts`: label -> {name: other label}), with those rows too."""
+    and, for a label of `contrasts_of` (`plan_contrasts`: label -> {name: other label}), with those rows too. The best
+    static layout is the lowest of `static_layouts` (`static_candidates`; default: the layouts at DLT's final U)."""
     measured = {label: runs for label, runs in table.items() if runs}
-    static_at_final = [f"{layout} @ final U" for layout in STATIC_LAYOUTS]
-    if not any(label in measured for label in static_at_final):  # no DLT followers (depth-fresh): those at the budget
-        static_at_final = [f"{layout} @ U" for layout in STATIC_LAYOUTS]
+    static_layouts = static_layouts or [f"{layout} @ final U" for layout in STATIC_LAYOUTS]
     # Chosen on validation loss: choosing the baseline on the test plays would flatter it. Under model selection,
     # on each run's lowest validation loss, the loss its selected model is chosen by.
-    best_static = _lowest(static_at_final, measured, lambda run: run["validation_loss"])
-    best_static_selected = _lowest(static_at_final, measured, _lowest_validation_loss)
-    dlt_final = {seed: run["distinct_final"] for seed, run in measured.get("dlt", {}).items()}
+    best_static = _lowest(static_layouts, measured, lambda run: run["validation_loss"])
+    best_static_selected = _lowest(static_layouts, measured, _lowest_validation_loss)
     untied = next((label for label in measured if label.startswith("untied, ")), None)
     baselines = (
         ("none", "none"), ("untied U", untied), ("random", "random"), ("best static", best_static), ("dlt", "dlt"),
@@ -185,7 +186,7 @@ def summarise(table: dict[str, dict[int, dict]], contrasts_of: dict[str, dict[st
             """The baselines this row is paired with: measured, not itself, the best static layout only at its budget."""
             return [
                 (name, other) for name, other in named_baselines
-                if other in measured and other != label and (name != "best static" or _same_final_budget(runs, dlt_final))
+                if other in measured and other != label and (name != "best static" or _same_final_budget(runs, measured[other]))
             ]  # fmt: skip
 
         rows_versus = {name: paired_difference(runs, measured[other]) for name, other in contrasts(baselines)}
@@ -288,10 +289,17 @@ def _selected(runs: dict[int, dict], measured: dict[str, dict[int, dict]], contr
     return {"test_loss": loss, "test_loss_half_width": half, "best_validation_step": steps, "last_step": last, "versus": versus}
 
 
-def _same_final_budget(runs: dict[int, dict], dlt_final: dict[int, int]) -> bool:
-    """Whether these runs ended with DLT's number of distinct blocks in every seed, as the static layouts do: only
-    then is a comparison with the best static layout one at the same budget."""
-    return all(seed in dlt_final and run["distinct_final"] == dlt_final[seed] for seed, run in runs.items())
+def _same_final_budget(runs: dict[int, dict], layout: dict[int, dict]) -> bool:
+    """Whether these runs ended with the static layout's number of distinct blocks in every seed (DLT's, for the
+    layouts at its final U): only then is a comparison with it one at the same budget."""
+    return all(seed in layout and run["distinct_final"] == layout[seed]["distinct_final"] for seed, run in runs.items())
+
+
+def static_candidates(settings: BenchSettings) -> list[str]:
+    """The layouts the best static one is chosen from: those at DLT's final U, which DLT's finished runs queue; in
+    the recipe presets, which queue no followers, those at the budget itself."""
+    where = "U" if settings.recipe_rows else "final U"
+    return [f"{layout} @ {where}" for layout in STATIC_LAYOUTS]
 
 
 def estimate(mean: float, half_width: float, signed: bool = False) -> str:
@@ -302,6 +310,14 @@ def estimate(mean: float, half_width: float, signed: bool = False) -> str:
 
 def _seeds(count: int) -> str:
     return "1 seed" if count == 1 else f"{count} seeds"
+
+
+def _best_static_words(settings: BenchSettings, best: str | None) -> str:
+    where = "the budget" if settings.recipe_rows else "DLT's final budget"
+    return (
+        f"Best static layout at {where} (chosen on validation loss): {_layout_name(best)}; compared only with runs "
+        "that ended at its number of distinct blocks in every seed."
+    )
 
 
 def _layout_name(label: str | None) -> str:
@@ -332,7 +348,7 @@ def write_report(settings: BenchSettings, output: Path, tuning: dict | None = No
     """results.json, results.md and the plots of the runs in `output`, into `report_dir` (default: `output`), every
     strategy at the rate `tuning` chose (`read_learning_rates`; the preset's without)."""
     table = collect_study(settings, output, tuning["chosen"] if tuning is not None else None)
-    summary = summarise(table, plan_contrasts(settings))
+    summary = summarise(table, plan_contrasts(settings), static_candidates(settings))
     memory = [result for spec in memory_runs(settings) if (result := _try_load(output, spec)) is not None]
     baselines = json.loads((output / "settings.json").read_text())["baselines"]
     scheduling = {"seeds": list(settings.seeds), "memory_gradient_checkpointing": list(settings.memory_gradient_checkpointing)}
@@ -376,8 +392,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
          "Test loss in nats per token on 4 held-out plays (Hamlet, Lear, Othello, Much Ado)")
         + ", mean ± 95% interval over paired seeds; differences are paired (negative: lower loss than the other). "
         + ("" if bigram is None else f"Count bigram of the same tokenization: {bigram:.3f}. ")
-        + f"Best static layout at DLT's final budget (chosen on validation loss): {_layout_name(best)}; compared only with runs "
-        "that ended at DLT's number of distinct blocks in every seed.",
+        + _best_static_words(settings, best),
         "",
         f"`{untied_label(settings)}` is conventional training of a model with as many blocks as the budget: the same "
         f"parameters, gradients and optimizer state as a tied model with U distinct blocks. Memory in MiB.",
@@ -509,6 +524,10 @@ def _verdict_lines(settings: BenchSettings, rows: dict[str, dict], differences, 
     contrasts = {untied_label(settings): ("none", "best static")} | dict.fromkeys(
         ("dlt", "dlt (paper agent)", FINAL_MAP_LABEL, RANDOM_FINAL_MAP_LABEL, SIMILARITY_FINAL_MAP_LABEL)
     )
+    if settings.recipe_rows:  # no final maps from scratch: random stands for them, and each tied row meets U blocks
+        contrasts |= {"random": None} | {
+            spec.label: ("untied U",) for spec in recipe_runs(settings, settings.seeds[0]) if spec.strategy.startswith("static:")
+        }
     lines = []
     for label, names in contrasts.items():
         if label not in rows:

@@ -3,6 +3,7 @@
     python bench/run_bench.py --preset tiny                # smoke test, about 2 minutes
     python bench/run_bench.py --preset default --jobs 2    # the CPU study: 10 seeds x 19 runs of 2-5 minutes, about 7 hours on 2 cores
     python bench/run_bench.py --preset depth --jobs 2      # k-hop induction, where depth matters: 5 seeds x 15 runs of 6 minutes
+    python bench/run_bench.py --preset depth-fresh --jobs 2   # fresh seeds 5-14 under the recipe chosen on seeds 0-4
     python bench/run_bench.py --help                       # every flag
 
 Every (strategy, seed) run is a fresh single-threaded Python process (its peak memory is its own) that writes
@@ -32,6 +33,7 @@ from bench.settings import (  # noqa: E402
     at_learning_rate,
     at_learning_rates,
     core_runs,
+    freeze_recipe,
     parse_learning_rates,
     memory_runs,
     resolve_settings,
@@ -46,8 +48,8 @@ RESULT_FILE = "result.json"
 
 def main() -> None:
     (args,) = HfArgumentParser(BenchArguments).parse_args_into_dataclasses()
-    settings = resolve_settings(args)
     output = results_dir(args)
+    settings = freeze_recipe(resolve_settings(args), args, output)
     if args.single_run is not None:
         single_run(settings, RunSpec.from_json(args.single_run), output)
         return

@@ -208,30 +208,56 @@ PRESETS["partial"] = dataclasses.replace(PRESETS["default"], n_layer=8, controls
 # `--lr_scheduler_type linear --weight_decay 0.01 --results_dir bench/results/recipe/linear-wd0.01`.
 PRESETS["recipe"] = dataclasses.replace(PRESETS["depth"], recipe_rows=True, gradient_norm_interval=25)
 # The equal-memory comparison on fresh seeds (issue 53, part 2): the recipe rows with DLT and random at the budget,
-# seeds 5-14, under the recipe `bench/recipe_report.py` chose on seeds 0-4 (`RECIPE_REPORT`). Its schedule and weight
-# decay are read from that report when the preset is resolved, and refused while the choice is provisional, so that
-# no fresh seed trains before the recipe is frozen and every fresh run names the recipe in its fingerprint.
+# seeds 5-14, under the recipe `bench/recipe_report.py` chose on seeds 0-4 (`RECIPE_REPORT`), frozen when the results
+# folder is claimed (`freeze_recipe`).
 PRESETS["depth-fresh"] = dataclasses.replace(
     PRESETS["recipe"], seeds=tuple(range(5, 15)), recipe_agents=True, gradient_norm_interval=None
 )
 RECIPE_REPORT = REPO_ROOT / "bench" / "reports" / "study" / "recipe" / "results.json"
+RECIPE_FIELDS = ("lr_scheduler_type", "weight_decay")
+
+
+def freeze_recipe(settings: BenchSettings, args: BenchArguments, output: Path) -> BenchSettings:
+    """A `recipe_agents` preset's settings under its frozen recipe: the one its results folder was claimed under
+    (every run of the folder, a scheduler's child runs and `--report_only` too, so that a later choice cannot change
+    them), or for a new folder the one `RECIPE_REPORT` chose, refused while that choice is provisional, so that no
+    fresh seed trains before the recipe is frozen. Recipe flags are refused: the recipe is not chosen here."""
+    if not settings.recipe_agents:
+        return settings
+    given = [f"--{name}" for name in RECIPE_FIELDS if getattr(args, name) is not None]
+    if given:
+        raise ValueError(
+            f"{' and '.join(given)}: preset {args.preset} trains under the recipe chosen on seeds 0-4 ({RECIPE_REPORT}), "
+            "frozen in its results folder; it takes no recipe flags"
+        )
+    claimed = output / "settings.json"
+    recipe = folder_recipe(output) if claimed.is_file() else chosen_recipe(RECIPE_REPORT)
+    return dataclasses.replace(settings, **recipe)
+
+
+def folder_recipe(folder: Path) -> dict[str, str | float]:
+    """The schedule and weight decay a results folder's runs were measured under, from its settings.json (a study
+    value is left out of the fingerprint, so it is LATER_SETTINGS')."""
+    fields = json.loads(json.loads((folder / "settings.json").read_text())["fingerprint"])
+    return {name: fields.get(name, LATER_SETTINGS[name]) for name in RECIPE_FIELDS}
 
 
 def chosen_recipe(report: Path) -> dict[str, str | float]:
     """The schedule and weight decay of the recipe chosen in `report` (bench/recipe_report.py's results.json), or one
     error saying why there is none to freeze yet."""
-    if not report.is_file():
-        raise ValueError(f"preset depth-fresh runs the recipe chosen on seeds 0-4, and {report} does not exist: run bench/recipe_report.py")
-    payload = json.loads(report.read_text())
-    choice = payload["choice"]
-    if not choice["complete"]:
+    try:
+        payload = json.loads(report.read_text())
+        choice, recipes = payload["choice"], payload["recipes"]
+        complete, pairs = choice["complete"], choice["pairs"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{report}: no recipe choice to freeze there ({error!r}); run bench/recipe_report.py") from None
+    if not complete:
         raise ValueError(
-            f"preset depth-fresh runs the recipe chosen on seeds 0-4, and the choice in {report} is provisional: "
-            f"{choice['pairs']} (row, seed) pairs have finished under every recipe, not all. Finish the recipe grid "
-            "(preset recipe) and rerun bench/recipe_report.py first."
+            f"the recipe choice in {report} is provisional: {pairs} (row, seed) pairs have finished under every "
+            "recipe, not all. Finish the recipe grid (preset recipe) and rerun bench/recipe_report.py first."
         )
-    recipe = payload["recipes"][choice["recipe"]]
-    return {"lr_scheduler_type": recipe["lr_scheduler_type"], "weight_decay": recipe["weight_decay"]}
+    recipe = recipes[choice["recipe"]]
+    return {name: recipe[name] for name in RECIPE_FIELDS}
 
 
 def _override(help_text: str) -> dict:
@@ -354,10 +380,7 @@ def resolve_settings(args: BenchArguments) -> BenchSettings:
     for name, parse in LIST_FLAGS.items():
         if name in overrides:
             overrides[name] = parse(overrides[name], name)
-    preset = PRESETS[args.preset]
-    if preset.recipe_agents:
-        preset = dataclasses.replace(preset, **chosen_recipe(RECIPE_REPORT))
-    settings = dataclasses.replace(preset, **overrides)
+    settings = dataclasses.replace(PRESETS[args.preset], **overrides)
     _check(settings)
     return settings
 
@@ -515,7 +538,8 @@ def independent_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
 def run_tiers(settings: BenchSettings) -> list[Callable[[BenchSettings, int], list[RunSpec]]]:
     """The plan's tiers, in the order a study runs them (every seed's runs of one tier before the next tier's): the
     equal-memory runs, the other strategies, the controls (presets with `controls`). A long preset stopped early
-    then has its first question's contrasts over the most seeds. Preset `partial`: its loops alone."""
+    then has its first question's contrasts over the most seeds. Preset `partial`: its loops alone; `recipe`: its
+    rows alone; `depth-fresh`: those rows, then DLT and random."""
     if settings.partial_loops:
         return [partial_loop_runs]
     if settings.recipe_rows:

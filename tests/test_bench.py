@@ -367,24 +367,38 @@ def test_a_study_on_a_task_reports_accuracy_per_hop_count_for_every_strategy(tmp
     assert matplotlib.image.imread(tmp_path / "accuracy_by_hops.png").shape[0] > 100
 
 
-def test_the_fresh_seed_preset_runs_the_recipe_rows_with_dlt_and_random_under_the_final_choice_only(tmp_path, monkeypatch):
+def test_the_fresh_seed_preset_runs_the_recipe_rows_with_dlt_and_random_under_the_frozen_choice_only(tmp_path, monkeypatch):
     """Issue 53, part 2: seeds 5-14; the recipe rows, DLT and random, the agents without followers; the schedule and
-    weight decay of bench/recipe_report.py's choice, refused while that choice is provisional."""
+    weight decay of bench/recipe_report.py's choice, refused while that choice is provisional, frozen once the
+    results folder is claimed, and never taken from flags."""
     import bench.settings as bench_settings
-    from bench.settings import independent_runs, recipe_runs, runs_after
+    from bench.run_bench import claim_results_dir
+    from bench.settings import freeze_recipe, independent_runs, recipe_runs, runs_after
 
-    report = tmp_path / "results.json"
+    report, output = tmp_path / "results.json", tmp_path / "fresh"
+    monkeypatch.setattr(bench_settings, "RECIPE_REPORT", report)
+    args = BenchArguments(preset="depth-fresh", results_dir=str(output))
+    resolved = resolve_settings(args)
+    with pytest.raises(ValueError, match=r"results.json: no recipe choice to freeze there"):
+        freeze_recipe(resolved, args, output)
     linear = {"name": "linear, weight decay 0.01", "lr_scheduler_type": "linear", "weight_decay": 0.01, "folder": "x"}
     payload = {"recipes": {linear["name"]: linear}, "choice": {"recipe": linear["name"], "pairs": 3, "complete": False}}
     report.write_text(json.dumps(payload))
-    monkeypatch.setattr(bench_settings, "RECIPE_REPORT", report)
-    with pytest.raises(ValueError, match=r"the choice in .*results.json is provisional: 3 \(row, seed\) pairs"):
-        resolve_settings(BenchArguments(preset="depth-fresh"))
+    with pytest.raises(ValueError, match=r"the recipe choice in .*results.json is provisional: 3 \(row, seed\) pairs"):
+        freeze_recipe(resolved, args, output)
+    with pytest.raises(ValueError, match="--weight_decay: preset depth-fresh trains under the recipe chosen on seeds 0-4"):
+        freeze_recipe(resolved, BenchArguments(preset="depth-fresh", weight_decay=0.1), output)
     report.write_text(json.dumps(payload | {"choice": payload["choice"] | {"complete": True}}))
-    settings = resolve_settings(BenchArguments(preset="depth-fresh"))
+    settings = freeze_recipe(resolved, args, output)
     assert (settings.lr_scheduler_type, settings.weight_decay, settings.seeds) == ("linear", 0.01, tuple(range(5, 15)))
     assert dataclasses.replace(settings, lr_scheduler_type="cosine", weight_decay=0.1, seeds=PRESETS["recipe"].seeds,
                                recipe_agents=False, gradient_norm_interval=25) == PRESETS["recipe"]  # fmt: skip
+    # Claimed, the folder keeps its recipe whatever the report chooses later (its child runs resolve it again).
+    (output / "settings.json").parent.mkdir()
+    (output / "settings.json").write_text(json.dumps({"fingerprint": settings.fingerprint(), "baselines": {}}))
+    report.write_text(json.dumps(payload))  # provisional again, e.g. a recipe added to the grid
+    assert freeze_recipe(resolved, args, output) == settings
+    claim_results_dir(output, freeze_recipe(resolved, args, output))  # the same fingerprint: accepted
     planned = independent_runs(settings, 5)
     assert [spec.label for spec in planned] == [spec.label for spec in recipe_runs(settings, 5)] + ["dlt", "random"]
     finished = {"final_map": [0, 1, 1, 1], "distinct_final": 2, "distinct_mean": 1.5}
@@ -411,7 +425,8 @@ def test_a_fresh_seed_report_pairs_dlt_with_the_best_layout_at_the_budget(tmp_pa
         for index, spec in enumerate(independent_runs(settings, seed)):
             (tmp_path / spec.directory).mkdir(parents=True)
             losses = {"validation_loss": validation.get(spec.label, 1.0), "test_loss": 1 + index / 10 + seed / 100}
-            record = {"label": spec.label, "seed": seed, "num_blocks": spec.num_blocks or settings.n_layer, **losses}
+            distinct = 1 if (spec.label, seed) == ("random", 6) else 2  # random ended below the budget in seed 6
+            record = {"label": spec.label, "seed": seed, "num_blocks": spec.num_blocks or settings.n_layer, "distinct_final": distinct, **losses}
             write_complete(tmp_path / spec.directory / "result.json", trained | record)
     report = write_report(settings, tmp_path).read_text()
     payload = json.loads((tmp_path / "results.json").read_text())
@@ -420,8 +435,9 @@ def test_a_fresh_seed_report_pairs_dlt_with_the_best_layout_at_the_budget(tmp_pa
     labels = [spec.label for spec in independent_runs(settings, 5)]
     dlt_minus = labels.index("dlt") - labels.index("sequence @ U")
     assert rows["dlt"]["versus"]["best static"]["mean"] == pytest.approx(dlt_minus / 10)
-    assert {"untied U", "best static"} <= rows["random"]["versus"].keys()
-    assert "Best static layout at DLT's final budget (chosen on validation loss): sequence @ U;" in report
+    assert "untied U" in rows["random"]["versus"] and "best static" not in rows["random"]["versus"]  # not at its budget
+    assert "Best static layout at the budget (chosen on validation loss): sequence @ U;" in report
+    assert "- random vs untied U: " in report and "- 0 1 1 1 vs untied U: " in report
 
 
 PARTIAL_LOOPS = {  # issue 53: 4 untied blocks, and the same 4 looped over 5, 6 and 8 positions

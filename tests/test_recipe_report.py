@@ -21,7 +21,7 @@ def test_the_choice_reads_only_seeds_0_to_4_and_pairs_every_recipe_has():
         # lower on its one unpaired run (looped, seed 4) and on a fresh seed, higher on the pairs
         "b": _runs({"looped": {0: 1.1, 1: 1.1, 2: 1.1, 3: 1.1, 9: 0.0}, "untied": {seed: 0.4 for seed in range(5)}}),
     }
-    choice = choose(recipes)
+    choice = choose(recipes, rows=("looped", "untied"))
     assert choice["pairs"] == 9 and not choice["complete"]
     assert choice["mean_validation_loss"]["a"] == (4 * 1.0 + 5 * 0.5) / 9
     assert choice["mean_validation_loss"]["b"] == (4 * 1.1 + 5 * 0.4) / 9
@@ -32,8 +32,9 @@ def test_the_choice_reads_only_seeds_0_to_4_and_pairs_every_recipe_has():
 
 def test_a_complete_grid_says_so_and_a_recipe_without_runs_leaves_no_choice():
     full = _runs({"looped": {seed: 1.0 for seed in range(5)}})
-    assert choose({"a": full, "b": _runs({"looped": {seed: 2.0 for seed in range(5)}})})["complete"]
-    assert choose({"a": full, "b": {}})["recipe"] is None
+    assert choose({"a": full, "b": _runs({"looped": {seed: 2.0 for seed in range(5)}})}, rows=("looped",))["complete"]
+    assert not choose({"a": full, "b": full}, rows=("looped", "untied"))["complete"]  # a row no recipe has run
+    assert choose({"a": full, "b": {}}, rows=("looped",))["recipe"] is None
 
 
 def test_the_committed_recipe_report_is_what_its_records_give(tmp_path):
