@@ -12,7 +12,8 @@ and this script reads every such folder (a partly filled one too) and writes `be
 
 The choice: one recipe for tied and untied rows alike, the one with the lowest mean validation loss over every
 (row, seed) pair of the looped model and 2 untied blocks (`CHOICE_ROWS`) on seeds 0-4 that all recipes have; each
-row's own best is reported beside it (the issue allows either). Seeds 5-14 are not read here: they are the fresh seeds the chosen recipe is then frozen for.
+row's own best is reported beside it (the issue allows either). Seeds 5-14 are not read here: they are the fresh
+seeds the chosen recipe is then frozen for.
 """
 
 from __future__ import annotations
@@ -39,12 +40,11 @@ from bench.settings import PRESETS, RECIPE_FIRST, RECIPE_REPORT, folder_recipe, 
 
 CHOICE_SEEDS = (0, 1, 2, 3, 4)  # the issue: a recipe is chosen on seeds 0-4, then frozen for fresh seeds 5-14
 # The rows a recipe is chosen on: the looped model whose lost seeds raised the question, and its rival at equal
-# memory, so that one recipe serves tied and untied rows alike. The other recipe rows are reported beside them, not
-# required: each would cost 20 runs more (4 recipes x 5 seeds).
+# memory, so that one recipe serves tied and untied rows alike (and the rows gradients.png draws). The other recipe
+# rows are reported beside them, not required: each would cost 20 runs more (4 recipes x 5 seeds).
 CHOICE_ROWS = (RECIPE_FIRST, untied_label(PRESETS["recipe"]))
 PHASES = 4  # a run's gradient log is summarised by quarters of its steps: plateau, drop and the end differ
 MAX_GRAD_NORM = TrainingArguments.max_grad_norm  # the study clips at transformers' default
-PLOTTED_ROWS = ("cycle @ U", "untied, 2 blocks")  # the looped model that failed seeds, and its equal-memory rival
 
 
 def recipe_of(folder: Path) -> dict:
@@ -211,14 +211,14 @@ def _estimate(value: list[float] | None) -> str:
 def _plot_gradients(recipes: dict[str, dict[str, dict[int, dict]]], path: Path) -> None:
     """Per seed with a logged looped run: training loss and gradient norm before clipping over steps, the looped
     model (solid) and its equal-memory rival (dashed) under each recipe (a colour each)."""
-    seeds = sorted({seed for runs in recipes.values() for seed, run in runs.get(PLOTTED_ROWS[0], {}).items() if run.get("training_log")})
+    seeds = sorted({seed for runs in recipes.values() for seed, run in runs.get(CHOICE_ROWS[0], {}).items() if run.get("training_log")})
     if not seeds:
         return
     figure, axes = plt.subplots(2, len(seeds), figsize=(4.5 * len(seeds), 6.5), squeeze=False, sharex=True)
     colours = dict(zip(recipes, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for column, seed in enumerate(seeds):
         for name, runs in recipes.items():
-            for label, style in zip(PLOTTED_ROWS, ("-", "--")):
+            for label, style in zip(CHOICE_ROWS, ("-", "--")):
                 log = runs.get(label, {}).get(seed, {}).get("training_log")
                 if not log:
                     continue

@@ -160,14 +160,11 @@ def _verdict(mean: float, half: float) -> str:
     return "lower" if mean < 0 else "higher"
 
 
-def summarise(
-    table: dict[str, dict[int, dict]], contrasts_of: dict[str, dict[str, str]] | None = None, static_layouts: list[str] | None = None
-) -> dict[str, dict]:
+def summarise(table: dict[str, dict[int, dict]], contrasts_of: dict[str, dict[str, str]], static_layouts: list[str]) -> dict[str, dict]:
     """One row per label: quality, budget, memory, time, overhead and paired differences, with the study's baselines
     and, for a label of `contrasts_of` (`plan_contrasts`: label -> {name: other label}), with those rows too. The best
-    static layout is the lowest of `static_layouts` (`static_candidates`; default: the layouts at DLT's final U)."""
+    static layout is the lowest of `static_layouts` (`static_candidates`)."""
     measured = {label: runs for label, runs in table.items() if runs}
-    static_layouts = static_layouts or [f"{layout} @ final U" for layout in STATIC_LAYOUTS]
     # Chosen on validation loss: choosing the baseline on the test plays would flatter it. Under model selection,
     # on each run's lowest validation loss, the loss its selected model is chosen by.
     best_static = _lowest(static_layouts, measured, lambda run: run["validation_loss"])
