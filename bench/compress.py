@@ -29,7 +29,9 @@ the seed's teacher (`distill_from`, the trainer's default temperature 2 and weig
 (`sequence:U` and `similarity:U` mean, without and with relaxed ties at rank 8) and for the untied baselines a user
 would distil instead: the teacher's first U blocks (Minitron-style depth pruning) and U blocks from scratch, on the
 uptraining's steps, and from scratch also on the teacher's and the uptraining's. The report's "best small" is the
-best of the untied rows from scratch and the distilled untied baselines (`Row.trains_small`), on validation loss.
+best, on validation loss, of the rows that get U untied blocks without tying (`Row.trains_small`: from scratch, or
+cut from the teacher, distilled or not); each row is paired with it, and with the best of those trained for the
+row's own steps (`Row.steps`).
 
 This file schedules the runs; the presets, the rows and their folders are `compress_settings.py`, one row's run
 `compress_run.py`, the report `compress_report.py`.

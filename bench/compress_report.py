@@ -1,7 +1,8 @@
 """The report of `bench/compress.py`: one record per run, and per row its mean test loss with a 95% t-interval and
-its paired difference (by seed) to the best way of getting a small model without tying at the same memory, chosen on
-validation loss among the rows that compete for it (`Row.trains_small`: untied blocks from scratch, and the untied
-baselines distilled from the teacher)."""
+its paired differences (by seed) to the best way of getting a small model without tying at the same memory, chosen on
+validation loss among the rows that compete for it (`Row.trains_small`: untied blocks from scratch or cut from the
+teacher, distilled or not): the best of them all, and the best of those trained for the row's own steps
+(`Row.steps`), which is what a user holding the trained model and spending the uptraining's steps compares with."""
 
 from __future__ import annotations
 
@@ -43,12 +44,18 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[i
     families = list(dict.fromkeys(row.model_type for row in rows))
     candidates = {family: _small_candidates(rows, table, family, seeds) for family in families}
     best_small = {family: _best_small(table, candidates[family]) for family in families}
+    steps_of = {row.label: row.steps for row in rows}
+    best_small_by_steps = {
+        family: {steps: _best_small(table, [label for label in candidates[family] if steps_of[label] == steps]) for steps in dict.fromkeys(steps_of.values())}
+        for family in families
+    }
     waiting = {family: [row.label for row in rows if row.trains_small and row.model_type == family and row.label not in candidates[family]] for family in families}
     summary = {}
     for row in rows:
         runs, baseline = table[row.label], best_small[row.model_type]
         if not runs:
             continue
+        same_steps = _other(best_small_by_steps[row.model_type][row.steps], row.label)
         loss, half = interval([run["test_loss"] for run in runs.values()])
         summary[row.label] = {
             "seeds": sorted(runs),
@@ -58,23 +65,43 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[i
             "peak_state_mib": statistics.fmean(run["peak_state_bytes"] for run in runs.values()) / MIB,
             "peak_process_mib": statistics.fmean(run["peak_process_bytes"] for run in runs.values()) / MIB,
             "train_seconds": statistics.fmean(run["train_seconds"] for run in runs.values()),
-            "versus_best_small": paired_difference(runs, table[baseline]) if baseline and baseline != row.label else None,
+            "versus_best_small": _paired(runs, table, _other(baseline, row.label)),
+            "versus_best_small_same_steps": _paired(runs, table, same_steps),
             "export_logit_difference": max((run.get("export_logit_difference", math.nan) for run in runs.values()), default=math.nan),
-            **_accuracy(runs, table[baseline] if baseline and baseline != row.label else None),
+            **_accuracy(runs, table, _other(baseline, row.label), same_steps),
         }
-    return {"best_small": best_small, "small_candidates": candidates, "small_not_competing": waiting, "rows": summary}
+    return {
+        "best_small": best_small,
+        "best_small_by_steps": best_small_by_steps,
+        "small_candidates": candidates,
+        "small_not_competing": waiting,
+        "rows": summary,
+    }
 
 
-def _accuracy(runs: dict[int, dict], baseline: dict[int, dict] | None) -> dict:
-    """On a task: `accuracy_summary`, and the mean's paired difference to the best small row."""
+def _other(baseline: str | None, label: str) -> str | None:
+    """The baseline a row is paired with, or None where the row is that baseline itself."""
+    return None if baseline == label else baseline
+
+
+def _paired(runs: dict[int, dict], table: dict[str, dict[int, dict]], baseline: str | None, key: str = "test_loss") -> dict | None:
+    """`runs` paired by seed with the baseline's runs on `key`; None without a baseline or where it lacks `key` (a
+    row run before accuracy was recorded)."""
+    if baseline is None or not all(key in run for run in table[baseline].values()):
+        return None
+    return paired_difference(runs, table[baseline], key=key)
+
+
+def _accuracy(runs: dict[int, dict], table: dict[str, dict[int, dict]], baseline: str | None, same_steps: str | None) -> dict:
+    """On a task: `accuracy_summary`, and the mean's paired differences to the best small rows."""
     summary = accuracy_summary(runs)
     if summary is None:
         return {}
-    compared = baseline is not None and accuracy_summary(baseline) is not None
     return {
         "mean_accuracy": summary["mean_accuracy"],
         "accuracy_by_hops": summary["by_hops"],
-        "accuracy_versus_best_small": paired_difference(runs, baseline, key="mean_accuracy") if compared else None,
+        "accuracy_versus_best_small": _paired(runs, table, baseline, key="mean_accuracy"),
+        "accuracy_versus_best_small_same_steps": _paired(runs, table, same_steps, key="mean_accuracy"),
     }
 
 
@@ -177,14 +204,13 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
             "loss of the teacher it read, `teacher_test_loss`)" if any(len(losses) > 1 for losses in teachers.values()) else ""
         ),
         "",
-        "| row | seeds | test loss | vs best small | distinct blocks | state MiB | process MiB | train s | export |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| row | seeds | test loss | vs best small | vs best small, same steps | distinct blocks | state MiB | process MiB | train s | export |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, row in summary["rows"].items():
-        difference = row["versus_best_small"]
-        cell = verdict_cell(difference)
         lines.append(
-            f"| {label} | {len(row['seeds'])} | {estimate(row['test_loss'], row['test_loss_half_width'])} | {cell} | "
+            f"| {label} | {len(row['seeds'])} | {estimate(row['test_loss'], row['test_loss_half_width'])} | "
+            f"{verdict_cell(row['versus_best_small'])} | {verdict_cell(row['versus_best_small_same_steps'])} | "
             f"{row['distinct_blocks']} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} | {row['train_seconds']:.0f} | "
             f"{_export_cell(row['export_logit_difference'])} |"
         )
@@ -196,8 +222,8 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
 def _best_small_lines(settings: CompressSettings, summary: dict) -> list[str]:
     """Which rows competed for "best small" in each family, and the one chosen."""
     lines = [
-        f"Best small: of the ways to get {settings.distinct_blocks} untied blocks without tying (from scratch, and the "
-        "untied baselines distilled from the teacher: from scratch, or its first blocks), the best on mean validation "
+        f"Best small: of the ways to get {settings.distinct_blocks} untied blocks without tying (from scratch, or cut "
+        "from the teacher: its first blocks or those similarity keeps; distilled or not), the best on mean validation "
         "loss, per family:",
         "",
     ]
@@ -213,6 +239,8 @@ def _best_small_lines(settings: CompressSettings, summary: dict) -> list[str]:
             + (f", against {'; '.join(others)}" if others else ", the only candidate")
             + (f". Not finished on every seed, so not yet competing: {'; '.join(waiting)}" if waiting else "")
         )
+        by_steps = [f"{steps}: {best}" for steps, best in summary["best_small_by_steps"][family].items() if best is not None]
+        lines.append(f"  - Best small of the same steps (the column \"same steps\"), {'; '.join(by_steps)}")
     return lines
 
 
@@ -240,16 +268,16 @@ def _accuracy_lines(rows: dict[str, dict]) -> list[str]:
     hops = list(next(iter(measured.values()))["accuracy_by_hops"])
     lines = [
         "",
-        "Test accuracy per hop count, its mean over hop counts, and the paired difference of that mean against the "
-        "best small row (positive: more accurate):",
+        "Test accuracy per hop count, its mean over hop counts, and the paired differences of that mean against the "
+        "best small rows (positive: more accurate):",
         "",
-        "| row | " + " | ".join(f"{hop} hops" for hop in hops) + " | mean | vs best small |",
-        "|---|" + "---|" * len(hops) + "---|---|",
+        "| row | " + " | ".join(f"{hop} hops" for hop in hops) + " | mean | vs best small | vs best small, same steps |",
+        "|---|" + "---|" * len(hops) + "---|---|---|",
     ]
     for label, row in measured.items():
-        cell = verdict_cell(row["accuracy_versus_best_small"])
+        versus = " | ".join(verdict_cell(row.get(key)) for key in ("accuracy_versus_best_small", "accuracy_versus_best_small_same_steps"))
         cells = " | ".join(estimate(*row["accuracy_by_hops"][hop]) for hop in hops)
-        lines.append(f"| {label} | {cells} | {estimate(*row['mean_accuracy'])} | {cell} |")
+        lines.append(f"| {label} | {cells} | {estimate(*row['mean_accuracy'])} | {versus} |")
     return lines
 
 

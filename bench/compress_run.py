@@ -44,7 +44,7 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
     row reads it: starts from it or distils from it)."""
     torch.set_num_threads(1)
     datasets.disable_progress_bars()
-    tokenizer, blocks = study_data(settings.block_size, settings.max_test_blocks, task=settings.task)
+    tokenizer, blocks = study_data(settings.block_size, settings.max_test_blocks, max_validation_blocks=settings.max_validation_blocks, task=settings.task)
     teacher = seed_dir / TEACHER_DIRS[row.model_type]
     if row.needs_teacher and not teacher_ready(seed_dir, row.model_type):
         _train_teacher(settings, row.model_type, seed, blocks, tokenizer, teacher)

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from .settings import fingerprint
+from .settings import LATER_SETTINGS, fingerprint
 
 
 @dataclass(frozen=True)
@@ -30,13 +30,21 @@ class CompressSettings:
     max_test_blocks: int | None
     seeds: tuple[int, ...]
     task: str | None = None  # a generated task instead of the plays (`bench/settings.py`, BenchSettings.task)
+    # Cap on the validation blocks evaluated (the study's `max_validation_blocks`): a smoke test's rows of seconds
+    # would otherwise spend most of them on the whole validation split.
+    max_validation_blocks: int | None = None
     # Which distilled rows run, not what any row measures (so, like the seeds, not in the fingerprint): all of them,
     # or for a smoke test one conversion and one baseline (`_distilled_rows`); a smoke test's runs of seconds are
     # also forked from a process that imported the libraries once (bench/scheduling.py's forked runs).
     smoke_test: bool = False
 
     def fingerprint(self) -> str:
-        return fingerprint(self, scheduling=("seeds", "smoke_test"))
+        return fingerprint(self, scheduling=("seeds", "smoke_test"), later=LATER_SETTINGS | COMPRESS_LATER_SETTINGS)
+
+
+# Fields added after compress runs were recorded, with the value that behaves as before (as `LATER_SETTINGS` for the
+# study's; `max_validation_blocks` is not one of those, since the study's folders have it in their fingerprints).
+COMPRESS_LATER_SETTINGS = {"max_validation_blocks": None}
 
 
 # Each family's teacher, saved in its seed's folder as a plain transformers checkpoint (`to_untied()`): conversions
@@ -47,7 +55,7 @@ PRESETS = {
     "tiny": CompressSettings(
         n_layer=4, n_embd=32, n_head=2, block_size=32, batch_size=4, teacher_steps=12, teacher_learning_rate=3e-3,
         uptrain_steps=8, uptrain_learning_rate=1e-3, warmup_steps=0, distinct_blocks=2, tying_interval=2,
-        max_test_blocks=16, seeds=(0,), smoke_test=True,
+        max_test_blocks=16, max_validation_blocks=16, seeds=(0,), smoke_test=True,
     ),  # fmt: skip
     # The study's model, data and teacher schedule (2,000 steps of 16 x 64 tokens at 3e-3); uptraining 1,000 steps at
     # 1e-3 (the rate of the issue's probe); k = 2 as in the study, so DLT takes 500 decisions.
@@ -96,11 +104,17 @@ class Row:
         return self.start != "scratch" or self.distill
 
     @property
+    def steps(self) -> str:
+        """The steps it trains for, as the report pairs rows "at the same steps": a user who holds the trained model
+        and spends the uptraining's steps, or one who spends the teacher's steps on the small model as well."""
+        return "teacher + uptraining steps" if self.all_tokens else "uptraining steps"
+
+    @property
     def trains_small(self) -> bool:
         """Whether the row is a way of getting the small model without tying, that the report's "best small" is
-        chosen among: untied blocks from scratch, and the untied baselines a user would distil instead (from scratch,
-        or the teacher cut to its first blocks, Minitron-style)."""
-        return self.start == "scratch" or (self.distill and self.start == "truncated")
+        chosen among: U untied blocks from scratch, or cut from the teacher (its first blocks, Minitron-style, or
+        those `similarity:U` keeps), with or without distillation."""
+        return self.start in ("scratch", "truncated", "pruned")
 
 
 def plan(settings: CompressSettings) -> list[Row]:

@@ -176,7 +176,7 @@ def _markdown(payload: dict) -> str:
         means = ", ".join(f"{name} {value:.3f}" for name, value in sorted(choice["mean_validation_loss"].items(), key=lambda item: item[1]))
         chosen = f"Chosen recipe ({state}): **{choice['recipe']}**. Mean validation loss over those pairs: {means}."
     rows = " and ".join(f"`{label}`" for label in payload["choice_rows"])
-    chosen += f" Chosen on {rows}, seeds {', '.join(map(str, payload['choice_seeds']))}, by validation loss alone."
+    chosen += f" The choice is made on {rows}, seeds {', '.join(map(str, payload['choice_seeds']))}, by validation loss alone."
     lines = [
         "# Recipe grid (issue 53, part 2)",
         "",

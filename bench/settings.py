@@ -116,11 +116,11 @@ LATER_SETTINGS = {
 }  # fmt: skip
 
 
-def fingerprint(settings, scheduling: tuple[str, ...]) -> str:
-    """A settings dataclass as JSON without its `scheduling` fields, and without a `LATER_SETTINGS` field at its
-    former behaviour."""
+def fingerprint(settings, scheduling: tuple[str, ...], later: dict | None = None) -> str:
+    """A settings dataclass as JSON without its `scheduling` fields, and without a field of `later` (by default
+    `LATER_SETTINGS`) at its former behaviour."""
     fields = {name: value for name, value in dataclasses.asdict(settings).items() if name not in scheduling}
-    for name, former in LATER_SETTINGS.items():
+    for name, former in (LATER_SETTINGS if later is None else later).items():
         if name in fields and fields[name] == former:
             del fields[name]
     return json.dumps(fields)

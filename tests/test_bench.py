@@ -711,6 +711,37 @@ def test_compress_trains_each_missing_teacher_once_and_reports_its_rows_not_run_
         assert all(isinstance(queue.next_job(), Job) for _ in gpt2)  # a teacher that is there: every row at once
 
 
+def test_compress_pairs_each_row_with_the_best_small_overall_and_with_the_best_small_of_its_own_steps():
+    """A user holding the trained model who spends the uptraining's steps compares a conversion with the best untied
+    model of those steps (the teacher cut down, or blocks from scratch), chosen on validation loss; one who can also
+    spend the teacher's steps, with the best small model overall."""
+    from bench.compress_report import summarise
+    from bench.compress_settings import PRESETS as COMPRESS_PRESETS
+    from bench.compress_settings import plan
+
+    rows = {row.label: row for row in plan(COMPRESS_PRESETS["tiny"]) if row.model_type == "tied_gpt2"}
+    converted, pruned, truncated = "converted, sequence, mean", "teacher pruned to the 2 blocks similarity keeps", "teacher truncated to its first 2 blocks"
+    short, long = "untied 2 blocks from scratch, uptraining steps", "untied 2 blocks from scratch, teacher + uptraining steps"
+    # label: (test losses by seed, validation loss); the pruned teacher is the best of the uptraining's steps on
+    # validation though not on the test, and the long run from scratch the best of all.
+    losses = {converted: ([4.20, 4.30], 4.2), pruned: ([4.26, 4.28], 4.25), truncated: ([4.21, 4.27], 4.3), short: ([4.5, 4.6], 4.5), long: ([4.1, 4.2], 4.1)}  # fmt: skip
+    table = {label: {} for label in rows}
+    for label, (tests, validation) in losses.items():
+        for seed, test in enumerate(tests):
+            table[label][seed] = {"test_loss": test, "validation_loss": validation, "distinct_peak": 2, "peak_state_bytes": 1, "peak_process_bytes": 1, "train_seconds": 1}  # fmt: skip
+    summary = summarise(list(rows.values()), table)
+
+    assert summary["best_small"]["tied_gpt2"] == long
+    assert summary["best_small_by_steps"]["tied_gpt2"] == {"uptraining steps": pruned, "teacher + uptraining steps": long}
+    assert {pruned, truncated, short, long} <= set(summary["small_candidates"]["tied_gpt2"])  # cut down or from scratch
+    row = summary["rows"][converted]
+    assert row["versus_best_small"]["mean"] == pytest.approx(statistics.fmean([4.20 - 4.1, 4.30 - 4.2]))
+    assert row["versus_best_small_same_steps"]["mean"] == pytest.approx(statistics.fmean([4.20 - 4.26, 4.30 - 4.28]))
+    assert summary["rows"][short]["versus_best_small_same_steps"]["mean"] == pytest.approx(statistics.fmean([4.5 - 4.26, 4.6 - 4.28]))
+    assert summary["rows"][pruned]["versus_best_small_same_steps"] is None  # not paired with itself
+    assert summary["rows"][long]["versus_best_small"] is None and summary["rows"][long]["versus_best_small_same_steps"] is None
+
+
 @pytest.mark.parametrize(
     "flags, named",
     [
