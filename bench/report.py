@@ -129,6 +129,10 @@ def interval(values: list[float], confidence: float = 0.95) -> tuple[float, floa
 
 EQUIVALENCE_MARGIN = 0.05  # nats per token
 LOSS_KEYS = ("test_loss", "test_loss_at_best_validation")
+# The paired differences a report's tables show, by name (`summarise`'s `versus`) with their column headers: the
+# study's baselines, and a partial loop's (`plan_contrasts`).
+STUDY_CONTRASTS = {"none": "vs none", "untied U": "vs untied U", "random": "vs random", "best static": "vs best static"}
+LOOP_CONTRASTS = {"untied U": "vs untied U", "loop at start": "vs the loop at the start", "loop at end": "vs the loop at the end"}
 
 
 def paired_difference(runs: dict[int, dict], baseline: dict[int, dict], key: str = "test_loss") -> dict | None:
@@ -186,10 +190,8 @@ def summarise(table: dict[str, dict[int, dict]], contrasts_of: dict[str, dict[st
                 if other in measured and other != label and (name != "best static" or _same_final_budget(runs, measured[other]))
             ]  # fmt: skip
 
-        rows_versus = {name: paired_difference(runs, measured[other]) for name, other in contrasts(baselines)}
-        rows_versus |= {
-            name: paired_difference(runs, measured[other]) for name, other in (contrasts_of or {}).get(label, {}).items() if other in measured
-        }
+        paired = contrasts(baselines) + [(name, other) for name, other in (contrasts_of or {}).get(label, {}).items() if other in measured]
+        rows_versus = {name: paired_difference(runs, measured[other]) for name, other in paired}
         rows[label] = {
             "seeds": sorted(runs),
             "test_loss": loss,
@@ -207,7 +209,7 @@ def summarise(table: dict[str, dict[int, dict]], contrasts_of: dict[str, dict[st
             "agent_overhead": statistics.fmean(sum(run["tying_seconds"].values()) / run["train_seconds"] for run in results),
             "versus": rows_versus,
             "selected": _selected(runs, measured, contrasts(selection_baselines)),
-            "accuracy": _accuracy(runs, measured, baselines, compared=rows_versus),
+            "accuracy": _accuracy(runs, measured, paired),
             "provenance": sorted({source(run) for run in results}),
             "same_runs_as": _same_runs_as(label, measured),
         }
@@ -257,15 +259,14 @@ def accuracy_summary(runs: dict[int, dict]) -> dict | None:
     }
 
 
-def _accuracy(runs: dict[int, dict], measured: dict[str, dict[int, dict]], baselines, compared: dict) -> dict | None:
-    """`accuracy_summary`, and the paired differences of the mean with the baselines the loss is `compared` with."""
+def _accuracy(runs: dict[int, dict], measured: dict[str, dict[int, dict]], paired: list[tuple[str, str]]) -> dict | None:
+    """`accuracy_summary`, and the paired differences of the mean with the rows the loss is `paired` with (name,
+    label)."""
     summary = accuracy_summary(runs)
     if summary is None:
         return None
     versus = {
-        name: paired_difference(runs, measured[other], key="mean_accuracy")
-        for name, other in baselines
-        if name in compared and accuracy_summary(measured[other]) is not None
+        name: paired_difference(runs, measured[other], key="mean_accuracy") for name, other in paired if accuracy_summary(measured[other]) is not None
     }
     return {**summary, "versus": versus}
 
@@ -377,19 +378,14 @@ def write_report(settings: BenchSettings, output: Path, tuning: dict | None = No
 def _markdown(settings: BenchSettings, payload: dict) -> str:
     study = _distinct_runs(payload["runs"])
     rows, best = payload["rows"], payload["best_static_at_final_budget"]
-    data = f"task `{settings.task}`" if settings.task else "`shakespeare-bpe` (2,048 tokens)"
     bigram = payload["baselines"]["bigram_test_loss"]
     lines = [
         f"Model: TiedGPT2, {settings.n_layer} blocks x {settings.n_embd} ({settings.n_head} heads), context {settings.block_size}, "
-        f"{data}; {_length_words(settings)}, "
+        f"{_data_words(settings)}; {_length_words(settings)}, "
         f"{_recipe_words(settings, payload['learning_rates'])}, k = {settings.tying_interval}; budget U = {settings.max_distinct_blocks} "
         f"distinct blocks for dlt, random and similarity. Hardware: {payload['hardware']}.",
         "",
-        ("Test loss in nats per labelled token on the task's test split" if settings.task else
-         "Test loss in nats per token on 4 held-out plays (Hamlet, Lear, Othello, Much Ado)")
-        + ", mean ± 95% interval over paired seeds; differences are paired (negative: lower loss than the other). "
-        + ("" if bigram is None else f"Count bigram of the same tokenization: {bigram:.3f}. ")
-        + _best_static_words(settings, best),
+        _test_loss_words(settings, bigram) + _best_static_words(settings, best),
         "",
         f"`{untied_label(settings)}` is conventional training of a model with as many blocks as the budget: the same "
         f"parameters, gradients and optimizer state as a tied model with U distinct blocks. Memory in MiB.",
@@ -433,39 +429,54 @@ def _partial_loop_markdown(settings: BenchSettings, payload: dict) -> str:
     study = _distinct_runs(payload["runs"])
     rows, untied, bigram = payload["rows"], untied_label(settings), payload["baselines"]["bigram_test_loss"]
     lines = [
-        f"Model: TiedGPT2 of width {settings.n_embd} ({settings.n_head} heads), context {settings.block_size}, `shakespeare-bpe` "
-        f"(2,048 tokens); {_length_words(settings)}, {_recipe_words(settings, payload['learning_rates'])}. "
+        f"Model: TiedGPT2 of width {settings.n_embd} ({settings.n_head} heads), context {settings.block_size}, "
+        f"{_data_words(settings)}; {_length_words(settings)}, {_recipe_words(settings, payload['learning_rates'])}. "
         f"Every row has U = {settings.max_distinct_blocks} distinct blocks, so the same parameters, gradients and "
         f"optimizer state as `{untied}`; a loop applies them at more positions (its canonical map in the label: each "
         f"position names the first position with its weights). Hardware: {payload['hardware']}.",
         "",
-        "Test loss in nats per token on 4 held-out plays (Hamlet, Lear, Othello, Much Ado), mean ± 95% interval over "
-        "paired seeds; differences are paired (negative: lower loss than the other). "
-        + ("" if bigram is None else f"Count bigram of the same tokenization: {bigram:.3f}. ")
+        _test_loss_words(settings, bigram)
         + "s per step: training seconds over optimizer steps, mean over seeds (it depends on the machine's load).",
         "",
-        "| layout | seeds | test loss | vs untied U | vs the loop at the start | vs the loop at the end | positions | peak state MiB | train s | s per step |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| layout | seeds | test loss | {' | '.join(LOOP_CONTRASTS.values())} | positions | peak state MiB | train s | s per step |",
+        "|---|---|---|" + "---|" * len(LOOP_CONTRASTS) + "---|---|---|---|",
     ]
     for label, row in rows.items():
-        versus, per_step = row["versus"], row["seconds_per_step"]
+        per_step = row["seconds_per_step"]
+        versus = " | ".join(_cell(row["versus"].get(name)) for name in LOOP_CONTRASTS)
         lines.append(
-            f"| {label} | {len(row['seeds'])} | {estimate(row['test_loss'], row['test_loss_half_width'])} "
-            f"| {_cell(versus.get('untied U'))} | {_cell(versus.get('loop at start'))} | {_cell(versus.get('loop at end'))} "
+            f"| {label} | {len(row['seeds'])} | {estimate(row['test_loss'], row['test_loss_half_width'])} | {versus} "
             f"| {row['positions']:.0f} | {row['peak_state_mib']:.2f} | {row['train_seconds']:.0f} | {'' if per_step is None else f'{per_step:.3f}'} |"
         )
+    lines += _accuracy_lines(rows, LOOP_CONTRASTS, first="layout")
     if payload["learning_rates"]:
         lines += _learning_rate_lines(payload["learning_rates"])
-    lines += ["", "Paired verdicts (test loss, 95% interval):", ""]
+    lines += ["", "Paired verdicts (test loss" + (" and mean accuracy" if settings.task else "") + ", 95% interval):", ""]
     for label, row in rows.items():
+        accuracy_versus = (row["accuracy"] or {}).get("versus", {})
         for name, difference in row["versus"].items():
-            if difference is not None and name in ("untied U", "loop at start", "loop at end"):
+            if difference is not None and name in LOOP_CONTRASTS:
                 lines.append(
                     f"- {label} vs {untied if name == 'untied U' else name.replace('loop at', 'the same loop at the')}: {difference['verdict']} "
                     f"({_cell(difference)} nats, {_seeds(difference['seeds'])}{_equivalence_note(difference)})"
+                    + _accuracy_verdict(accuracy_versus.get(name))
                 )
     lines += source_lines(study)
     return "\n".join(lines) + "\n"
+
+
+def _data_words(settings: BenchSettings) -> str:
+    return f"task `{settings.task}`" if settings.task else "`shakespeare-bpe` (2,048 tokens)"
+
+
+def _test_loss_words(settings: BenchSettings, bigram: float | None) -> str:
+    """What the test loss is measured on and how it is summarised, and the count bigram's where there is one."""
+    return (
+        ("Test loss in nats per labelled token on the task's test split" if settings.task else
+         "Test loss in nats per token on 4 held-out plays (Hamlet, Lear, Othello, Much Ado)")
+        + ", mean ± 95% interval over paired seeds; differences are paired (negative: lower loss than the other). "
+        + ("" if bigram is None else f"Count bigram of the same tokenization: {bigram:.3f}. ")
+    )  # fmt: skip
 
 
 def _length_words(settings: BenchSettings) -> str:
@@ -584,9 +595,9 @@ def _selection_lines(settings: BenchSettings, payload: dict) -> list[str]:
     return lines
 
 
-def _accuracy_lines(rows: dict[str, dict]) -> list[str]:
-    """On a task: test accuracy per hop count, and the paired differences of its mean over hop counts (a label
-    whose runs are another's is left out)."""
+def _accuracy_lines(rows: dict[str, dict], contrasts: dict[str, str] = STUDY_CONTRASTS, first: str = "strategy") -> list[str]:
+    """On a task: test accuracy per hop count, and the paired differences of its mean over hop counts with the rows
+    `contrasts` names (name: column header; a label whose runs are another's is left out)."""
     measured = {label: row["accuracy"] for label, row in rows.items() if row["accuracy"] and row["same_runs_as"] is None}
     if not measured:
         return []
@@ -596,16 +607,13 @@ def _accuracy_lines(rows: dict[str, dict]) -> list[str]:
         "Test accuracy per hop count (every labelled position of the test split), its mean over hop counts, and the "
         "paired differences of that mean (positive: more accurate than the other); see accuracy_by_hops.png.",
         "",
-        "| strategy | " + " | ".join(f"{hop} hops" for hop in hops) + " | mean | vs none | vs untied U | vs random | vs best static |",
-        "|---|" + "---|" * len(hops) + "---|---|---|---|---|",
+        f"| {first} | " + " | ".join(f"{hop} hops" for hop in hops) + " | mean | " + " | ".join(contrasts.values()) + " |",
+        "|---|" + "---|" * (len(hops) + 1 + len(contrasts)),
     ]
     for label, accuracy in measured.items():
-        versus = accuracy["versus"]
-        lines.append(
-            f"| {label} | " + " | ".join(estimate(*accuracy["by_hops"][hop]) for hop in hops)
-            + f" | {estimate(*accuracy['mean_accuracy'])} | {_cell(versus.get('none'))} | {_cell(versus.get('untied U'))} "
-            f"| {_cell(versus.get('random'))} | {_cell(versus.get('best static'))} |"
-        )
+        cells = [estimate(*accuracy["by_hops"][hop]) for hop in hops] + [estimate(*accuracy["mean_accuracy"])]
+        cells += [_cell(accuracy["versus"].get(name)) for name in contrasts]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 

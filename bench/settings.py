@@ -90,6 +90,10 @@ class BenchSettings:
     # scratch, layouts at their final U): the equal-memory comparison that the recipe chosen on seeds 0-4 is frozen
     # for and run on fresh seeds (issue 53, part 2).
     recipe_agents: bool = False
+    # Train under the recipe bench/recipe_report.py chose on seeds 0-4 (`RECIPE_REPORT`), frozen when the results
+    # folder is claimed (`freeze_recipe`), instead of the schedule and weight decay above: the presets run after the
+    # choice (`depth-fresh`, `partial-depth`).
+    frozen_recipe: bool = False
     # Whether the memory runs train with gradient checkpointing (transformers' `gradient_checkpointing`): each value
     # listed is a set of memory runs of its own, so that the report sets the two side by side. Tying cuts the training
     # state, not the activations, which checkpointing cuts. Like `seeds`, it says which runs to make, not how a run
@@ -113,6 +117,7 @@ SCHEDULING_SETTINGS = ("seeds", "num_threads", "memory_gradient_checkpointing", 
 LATER_SETTINGS = {
     "task": None, "early_stopping_patience": 0, "partial_loops": False, "lr_scheduler_type": "cosine",
     "weight_decay": 0.1, "gradient_norm_interval": None, "recipe_rows": False, "recipe_agents": False,
+    "frozen_recipe": False,
 }  # fmt: skip
 
 
@@ -211,18 +216,24 @@ PRESETS["recipe"] = dataclasses.replace(PRESETS["depth"], recipe_rows=True, grad
 # seeds 5-14, under the recipe `bench/recipe_report.py` chose on seeds 0-4 (`RECIPE_REPORT`), frozen when the results
 # folder is claimed (`freeze_recipe`).
 PRESETS["depth-fresh"] = dataclasses.replace(
-    PRESETS["recipe"], seeds=tuple(range(5, 15)), recipe_agents=True, gradient_norm_interval=None
+    PRESETS["recipe"], seeds=tuple(range(5, 15)), recipe_agents=True, frozen_recipe=True, gradient_norm_interval=None
+)
+# Mild loops where depth matters (issue 53, part 1, on k-hop induction): the depth preset's task, model and steps
+# under the frozen recipe, a budget of 3 (at 2, no block is left to loop between the first and the last), so 3
+# untied blocks against the same 3 looped over 4, 5 and 6 positions, on seeds 5-9.
+PRESETS["partial-depth"] = dataclasses.replace(
+    PRESETS["depth"], n_layer=6, max_distinct_blocks=3, seeds=tuple(range(5, 10)), partial_loops=True, frozen_recipe=True
 )
 RECIPE_REPORT = REPO_ROOT / "bench" / "reports" / "study" / "recipe" / "results.json"
 RECIPE_FIELDS = ("lr_scheduler_type", "weight_decay")
 
 
 def freeze_recipe(settings: BenchSettings, args: BenchArguments, output: Path) -> BenchSettings:
-    """A `recipe_agents` preset's settings under its frozen recipe: the one its results folder was claimed under
+    """A `frozen_recipe` preset's settings under its frozen recipe: the one its results folder was claimed under
     (every run of the folder, a scheduler's child runs and `--report_only` too, so that a later choice cannot change
     them), or for a new folder the one `RECIPE_REPORT` chose, refused while that choice is provisional, so that no
     fresh seed trains before the recipe is frozen. Recipe flags are refused: the recipe is not chosen here."""
-    if not settings.recipe_agents:
+    if not settings.frozen_recipe:
         return settings
     given = [f"--{name}" for name in RECIPE_FIELDS if getattr(args, name) is not None]
     if given:
@@ -277,7 +288,7 @@ class BenchArguments:
             "where depth matters, 4 blocks with a budget of 2 (about 6 minutes per run on one core). partial: the default "
             "preset's models and data, 4 untied blocks against the same 4 looped over 5, 6 and 8 positions (10 rows x "
             "10 seeds, no agent). recipe: depth's task and models, the untied and looped rows only, gradient norms "
-            "recorded, to choose a training recipe with --lr_scheduler_type and --weight_decay. depth-fresh: the recipe rows, DLT and random on fresh seeds 5-14 under the recipe bench/recipe_report.py chose (refused until the choice is final). gpu: 12 x 384 on one GPU, with dropout and model selection as in paper (about an hour for 5 seeds with --jobs 8 on an H200)."
+            "recorded, to choose a training recipe with --lr_scheduler_type and --weight_decay. depth-fresh: the recipe rows, DLT and random on fresh seeds 5-14 under the recipe bench/recipe_report.py chose (refused until the choice is final). partial-depth: partial's loops on depth's task, 3 untied blocks against the same 3 looped over 4, 5 and 6 positions, seeds 5-9, under that recipe too. gpu: 12 x 384 on one GPU, with dropout and model selection as in paper (about an hour for 5 seeds with --jobs 8 on an H200)."
         },
     )
     results_dir: str | None = field(

@@ -392,7 +392,7 @@ def test_the_fresh_seed_preset_runs_the_recipe_rows_with_dlt_and_random_under_th
     settings = freeze_recipe(resolved, args, output)
     assert (settings.lr_scheduler_type, settings.weight_decay, settings.seeds) == ("linear", 0.01, tuple(range(5, 15)))
     assert dataclasses.replace(settings, lr_scheduler_type="cosine", weight_decay=0.1, seeds=PRESETS["recipe"].seeds,
-                               recipe_agents=False, gradient_norm_interval=25) == PRESETS["recipe"]  # fmt: skip
+                               recipe_agents=False, frozen_recipe=False, gradient_norm_interval=25) == PRESETS["recipe"]  # fmt: skip
     # Claimed, the folder keeps its recipe whatever the report chooses later (its child runs resolve it again).
     (output / "settings.json").parent.mkdir()
     (output / "settings.json").write_text(json.dumps({"fingerprint": settings.fingerprint(), "baselines": {}}))
@@ -404,6 +404,28 @@ def test_the_fresh_seed_preset_runs_the_recipe_rows_with_dlt_and_random_under_th
     finished = {"final_map": [0, 1, 1, 1], "distinct_final": 2, "distinct_mean": 1.5}
     assert [runs_after(spec, finished, settings) for spec in planned[-2:]] == [[], []]
     assert runs_after(planned[-1], finished, PRESETS["depth"])  # the depth study's random has its follower
+
+
+def test_the_k_hop_partial_preset_loops_3_blocks_under_the_frozen_recipe(tmp_path, monkeypatch):
+    """Issue 53, part 1 on k-hop induction: 3 untied blocks against the same 3 looped over 4, 5 and 6 positions, on
+    depth's task and steps, under the recipe chosen on seeds 0-4 and refused before that choice is final."""
+    import bench.settings as bench_settings
+    from bench.settings import freeze_recipe, independent_runs
+
+    report, output = tmp_path / "results.json", tmp_path / "partial-depth"
+    monkeypatch.setattr(bench_settings, "RECIPE_REPORT", report)
+    args = BenchArguments(preset="partial-depth", results_dir=str(output))
+    with pytest.raises(ValueError, match=r"results.json: no recipe choice to freeze there"):
+        freeze_recipe(resolve_settings(args), args, output)
+    cosine = {"name": "cosine, weight decay 0.01", "lr_scheduler_type": "cosine", "weight_decay": 0.01, "folder": "x"}
+    report.write_text(json.dumps({"recipes": {cosine["name"]: cosine}, "choice": {"recipe": cosine["name"], "pairs": 10, "complete": True}}))
+    settings = freeze_recipe(resolve_settings(args), args, output)
+    assert (settings.lr_scheduler_type, settings.weight_decay, settings.seeds) == ("cosine", 0.01, (5, 6, 7, 8, 9))
+    assert (settings.task, settings.max_steps, settings.n_embd) == (PRESETS["depth"].task, PRESETS["depth"].max_steps, PRESETS["depth"].n_embd)
+    planned = {spec.label: (spec.strategy, spec.num_blocks) for spec in independent_runs(settings, 5)}
+    assert planned["untied, 3 blocks"] == ("none", 3)
+    assert planned["loop middle, 4 positions (0 1 1 3)"] == ("static:0,1,1,3", 4)
+    assert sorted(blocks for _, blocks in planned.values()) == [3, 4, 4, 4, 5, 5, 5, 6, 6, 6]
 
 
 @pytest.mark.slow
@@ -525,6 +547,34 @@ def test_a_partial_study_trains_each_loop_at_its_depth_and_reports_it_against_un
     assert all(f"\n| {label} | 2 | " in report for label in PARTIAL_LOOPS)
     assert "- loop middle, 8 positions (0 1 2 1 2 1 2 7) vs the same loop at the end: " in report
     assert "- loop end, 5 positions (0 1 2 3 3) vs untied, 4 blocks: no difference detected (+0.045 ± " in report
+
+
+@pytest.mark.slow
+def test_a_partial_study_on_a_task_pairs_each_loop_s_accuracy_as_its_loss(tmp_path):
+    """Preset partial-depth's report: the task named, not the plays, and each loop's mean accuracy paired with the
+    untied blocks and, in the middle, with the same loop at the start and at the end, as its loss is."""
+    from bench.measure import run
+    from bench.report import write_report
+    from bench.settings import independent_runs
+
+    task = "hop_induction:length=16,max_hops=2,train_examples=200,eval_examples=40"
+    settings = dataclasses.replace(
+        PRESETS["partial-depth"], task=task, block_size=18, n_embd=32, n_head=2, max_steps=2, batch_size=2, warmup_steps=0, seeds=(5, 6)
+    )  # fmt: skip
+    looped = run(settings, independent_runs(settings, 5)[1], tmp_path / "run")
+    (tmp_path / "settings.json").write_text(json.dumps({"fingerprint": settings.fingerprint(), "baselines": {"bigram_test_loss": None}}))
+    for seed in settings.seeds:
+        for index, spec in enumerate(independent_runs(settings, seed)):
+            (tmp_path / spec.directory).mkdir(parents=True)
+            record = {"label": spec.label, "seed": seed, "num_blocks": spec.num_blocks, "mean_accuracy": 0.5 + index * seed / 100}
+            write_complete(tmp_path / spec.directory / "result.json", looped | record)
+    report = write_report(settings, tmp_path).read_text()
+    middle = json.loads((tmp_path / "results.json").read_text())["rows"]["loop middle, 4 positions (0 1 1 3)"]["accuracy"]["versus"]
+    assert middle["untied U"]["mean"] == pytest.approx(0.055)  # index 1 against 0, paired: 0.05, 0.06
+    assert middle["loop at start"]["mean"] == pytest.approx(-0.055) and middle["loop at end"]["mean"] == pytest.approx(-0.11)
+    assert f"task `{task}`" in report and "held-out plays" not in report
+    assert "| layout | 1 hops | 2 hops | mean | vs untied U | vs the loop at the start | vs the loop at the end |" in report
+    assert "- loop middle, 4 positions (0 1 1 3) vs the same loop at the end: " in report and "; accuracy: " in report
 
 
 def test_a_study_stopped_early_has_its_equal_memory_contrasts_over_every_seed_first(tmp_path):
