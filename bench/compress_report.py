@@ -135,7 +135,8 @@ def write_report(settings: CompressSettings, rows: list[Row], output: Path, repo
 
 def _plot(plan_rows: list[Row], summary: dict, path: Path) -> None:
     """Each row's quality (mean accuracy on a task, else test loss) with its 95% interval, coloured by its training
-    state, and across each family's rows its best small row's value: what beats training small at the same memory.
+    state, and across each family's rows its best small row's value, of all and of the uptraining's steps: what beats
+    training small at the same memory, and at the same steps.
     A row of one seed has no interval and says so; its family gets no line (one seed compares nothing)."""
     rows = summary["rows"]
     on_task = all("mean_accuracy" in row for row in rows.values())
@@ -150,15 +151,20 @@ def _plot(plan_rows: list[Row], summary: dict, path: Path) -> None:
         axes.errorbar(mean, index, xerr=0 if math.isnan(half) else half, fmt="o", color=colour, capsize=3)
     for state, colour in colours.items():
         axes.plot([], [], "o", color=colour, label=f"{state:.2f} MiB of training state")
-    for family, label in summary["best_small"].items():
-        if label in rows and len(rows[label]["seeds"]) > 1:
-            span = [labels.index(row.label) for row in plan_rows if row.model_type == family and row.label in rows]
-            axes.vlines(values[labels.index(label)][0], min(span) - 0.4, max(span) + 0.4, color="grey", linestyle="--", linewidth=1)
+    for family, best in summary["best_small"].items():
+        span = [labels.index(row.label) for row in plan_rows if row.model_type == family and row.label in rows]
+        uptraining = summary["best_small_by_steps"][family].get("uptraining steps")
+        for label, style in ((best, "--"), (uptraining, ":")):
+            if label in rows and len(rows[label]["seeds"]) > 1 and (style == "--" or label != best):
+                axes.vlines(values[labels.index(label)][0], min(span) - 0.4, max(span) + 0.4, color="grey", linestyle=style, linewidth=1)
     axes.set_yticks(range(len(labels)), names, fontsize=7)
     axes.invert_yaxis()
     axes.set_xlabel(("test accuracy, mean over hop counts" if on_task else "test loss (nats/token)") + ", mean ± 95% interval")
     better = "higher" if on_task else "lower"
-    axes.set_title(f"Compressing a trained model ({better} is better)\ndashed: the best small row, across its family's rows", fontsize=9)
+    axes.set_title(
+        f"Compressing a trained model ({better} is better)\nthe best small row: dashed, of all; dotted, of the uptraining's steps",
+        fontsize=9,
+    )
     axes.legend(fontsize=7, loc="best")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
