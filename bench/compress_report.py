@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .compress_settings import PRESETS, CompressSettings, Row, row_dir  # noqa: E402
+from .compress_settings import PRESETS, UPTRAINING_STEPS, CompressSettings, Row, row_dir  # noqa: E402
 from .provenance import source_lines  # noqa: E402
 from .report import accuracy_summary, estimate, interval, paired_difference, verdict_cell  # noqa: E402
 
@@ -37,8 +37,8 @@ def collect(rows: list[Row], seeds: tuple[int, ...], output: Path) -> dict[str, 
 
 
 def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[int, ...] | None = None) -> dict:
-    """Per row: its test loss and memory, and its paired difference to the best "train small" row of its family;
-    and per family the rows that competed for it (`small_candidates`) and those that could but have not finished
+    """Per row: its test loss and memory, and its paired differences to the best "train small" row of its family,
+    of all and of the row's own steps (`best_small`, `best_small_by_steps`); and per family the rows that competed (`small_candidates`) and those that could but have not finished
     (`small_not_competing`). With `seeds` (the preset's), only rows finished on every seed they run compete, while
     any has."""
     families = list(dict.fromkeys(row.model_type for row in rows))
@@ -153,7 +153,7 @@ def _plot(plan_rows: list[Row], summary: dict, path: Path) -> None:
         axes.plot([], [], "o", color=colour, label=f"{state:.2f} MiB of training state")
     for family, best in summary["best_small"].items():
         span = [labels.index(row.label) for row in plan_rows if row.model_type == family and row.label in rows]
-        uptraining = summary["best_small_by_steps"][family].get("uptraining steps")
+        uptraining = summary["best_small_by_steps"][family].get(UPTRAINING_STEPS)
         for label, style in ((best, "--"), (uptraining, ":")):
             if label in rows and len(rows[label]["seeds"]) > 1 and (style == "--" or label != best):
                 axes.vlines(values[labels.index(label)][0], min(span) - 0.4, max(span) + 0.4, color="grey", linestyle=style, linewidth=1)
@@ -192,8 +192,8 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
         f"{settings.distinct_blocks} blocks owning weights. "
         + (f"Task `{settings.task}`: test loss in nats per labelled token and accuracy on its test split" if settings.task
            else "Test loss in nats per token on the study's four test plays")
-        + "; 95% t-intervals over seeds; differences paired by seed against the best small row of the same family "
-        "(below). "
+        + "; 95% t-intervals over seeds; differences paired by seed against the best small rows of the same family, "
+        "of all and of the row's own steps (below). "
         + _distill_words(records)
         + "Memory in MiB: training state (parameters, gradients, AdamW state) and the process peak (VmHWM). "
         + ("" if settings.task else "Llama rows: the same path from a plain `LlamaForCausalLM` teacher, seed 0 alone "
@@ -243,7 +243,7 @@ def _best_small_lines(settings: CompressSettings, summary: dict) -> list[str]:
         lines.append(
             f"- {name}: **{label}**"
             + (f", against {'; '.join(others)}" if others else ", the only candidate")
-            + (f". Not finished on every seed, so not yet competing: {'; '.join(waiting)}" if waiting else "")
+            + (f". Not run, or not finished on every seed, so not yet competing: {'; '.join(waiting)}" if waiting else "")
         )
         by_steps = [f"{steps}: {best}" for steps, best in summary["best_small_by_steps"][family].items() if best is not None]
         lines.append(f"  - Best small of the same steps (the column \"same steps\"), {'; '.join(by_steps)}")

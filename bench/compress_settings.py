@@ -47,6 +47,9 @@ class CompressSettings:
 COMPRESS_LATER_SETTINGS = {"max_validation_blocks": None}
 
 
+# The steps of a row that spends only the uptraining's (`Row.steps`): the conversions' budget.
+UPTRAINING_STEPS = "uptraining steps"
+
 # Each family's teacher, saved in its seed's folder as a plain transformers checkpoint (`to_untied()`): conversions
 # load it as users load theirs (`load_model`, as `run_clm.py --model_name_or_path` does).
 TEACHER_DIRS = {"tied_gpt2": "teacher-model", "tied_llama": "teacher-llama"}
@@ -107,7 +110,7 @@ class Row:
     def steps(self) -> str:
         """The steps it trains for, as the report pairs rows "at the same steps": a user who holds the trained model
         and spends the uptraining's steps, or one who spends the teacher's steps on the small model as well."""
-        return "teacher + uptraining steps" if self.all_tokens else "uptraining steps"
+        return "teacher + uptraining steps" if self.all_tokens else UPTRAINING_STEPS
 
     @property
     def trains_small(self) -> bool:

@@ -423,9 +423,10 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
 
 
 def _partial_loop_markdown(settings: BenchSettings, payload: dict) -> str:
-    """Preset `partial`: every row at U distinct blocks, the untied model and the loops (`partial_loop_runs`), with
-    its paired differences from the untied model and, for a loop in the middle, from the same loop at the start and
-    at the end; seconds per step beside quality, as the looped models compute more."""
+    """Presets `partial` and `partial-depth`: every row at U distinct blocks, the untied model and the loops
+    (`partial_loop_runs`), with its paired differences from the untied model and, for a loop in the middle, from the
+    same loop at the start and at the end, in loss and, on a task, in mean accuracy; seconds per step beside quality,
+    as the looped models compute more."""
     study = _distinct_runs(payload["runs"])
     rows, untied, bigram = payload["rows"], untied_label(settings), payload["baselines"]["bigram_test_loss"]
     lines = [

@@ -220,7 +220,9 @@ PRESETS["depth-fresh"] = dataclasses.replace(
 )
 # Mild loops where depth matters (issue 53, part 1, on k-hop induction): the depth preset's task, model and steps
 # under the frozen recipe, a budget of 3 (at 2, no block is left to loop between the first and the last), so 3
-# untied blocks against the same 3 looped over 4, 5 and 6 positions, on seeds 5-9.
+# untied blocks against the same 3 looped over 4, 5 and 6 positions, on seeds 5-9. At U = 3 every loop is one block
+# applied 2, 3 or 4 times (`0 1 1 3`, `0 1 1 1 4`, `0 1 1 1 1 5` in the middle), where `partial`'s U = 4 also loops
+# two blocks.
 PRESETS["partial-depth"] = dataclasses.replace(
     PRESETS["depth"], n_layer=6, max_distinct_blocks=3, seeds=tuple(range(5, 10)), partial_loops=True, frozen_recipe=True
 )

@@ -485,6 +485,12 @@ def test_memory_runs_with_gradient_checkpointing_get_folders_of_their_own_and_ea
     default = PRESETS["default"]
     recorded = json.loads((REPO_ROOT / "bench" / "results" / "default" / "settings.json").read_text())["fingerprint"]
     assert default.fingerprint() == recorded == dataclasses.replace(default, memory_gradient_checkpointing=(True,)).fingerprint()
+    # The same for compress's later fields (`COMPRESS_LATER_SETTINGS`): its committed folders keep their runs.
+    from bench.compress_settings import PRESETS as COMPRESS_PRESETS
+
+    for name in ("default", "depth"):
+        folder = REPO_ROOT / "bench" / "results" / f"compress-{name}" / "settings.json"
+        assert COMPRESS_PRESETS[name].fingerprint() == json.loads(folder.read_text())["fingerprint"], name
     folders = [spec.directory for spec in memory_runs(default)]
     assert folders[:7] == [f"memory/L{depth}/{strategy}/seed0" for depth in (12, 24, 48) for strategy in ("none", "dlt")] + ["memory/L8/none/seed0"]
     assert folders[7:] == [folder.replace("/seed0", "-checkpointing/seed0") for folder in folders[:7]]
@@ -778,7 +784,8 @@ def test_compress_pairs_each_row_with_the_best_small_overall_and_with_the_best_s
     table = {label: {} for label in rows}
     for label, (tests, validation) in losses.items():
         for seed, test in enumerate(tests):
-            table[label][seed] = {"test_loss": test, "validation_loss": validation, "distinct_peak": 2, "peak_state_bytes": 1, "peak_process_bytes": 1, "train_seconds": 1}  # fmt: skip
+            accuracy = {"mean_accuracy": 5 - test, "accuracy_by_hops": {"1": 5 - test}}  # on a task, paired as the loss
+            table[label][seed] = {"test_loss": test, "validation_loss": validation, "distinct_peak": 2, "peak_state_bytes": 1, "peak_process_bytes": 1, "train_seconds": 1, **accuracy}  # fmt: skip
     summary = summarise(list(rows.values()), table)
 
     assert summary["best_small"]["tied_gpt2"] == long
@@ -787,6 +794,7 @@ def test_compress_pairs_each_row_with_the_best_small_overall_and_with_the_best_s
     row = summary["rows"][converted]
     assert row["versus_best_small"]["mean"] == pytest.approx(statistics.fmean([4.20 - 4.1, 4.30 - 4.2]))
     assert row["versus_best_small_same_steps"]["mean"] == pytest.approx(statistics.fmean([4.20 - 4.26, 4.30 - 4.28]))
+    assert row["accuracy_versus_best_small_same_steps"]["mean"] == pytest.approx(-row["versus_best_small_same_steps"]["mean"])
     assert summary["rows"][short]["versus_best_small_same_steps"]["mean"] == pytest.approx(statistics.fmean([4.5 - 4.26, 4.6 - 4.28]))
     assert summary["rows"][pruned]["versus_best_small_same_steps"] is None  # not paired with itself
     assert summary["rows"][long]["versus_best_small"] is None and summary["rows"][long]["versus_best_small_same_steps"] is None
