@@ -390,7 +390,8 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
         f"`{untied_label(settings)}` is conventional training of a model with as many blocks as the budget: the same "
         f"parameters, gradients and optimizer state as a tied model with U distinct blocks. Memory in MiB.",
         "",
-        "| strategy | seeds | test loss | ppl | distinct final / mean / peak | vs none | vs untied U | vs random | vs best static | peak state MiB | " + _process_peak_name(study) + " MiB | train s | agent time |",
+        f"| strategy | seeds | test loss | ppl | distinct final / mean / peak | {' | '.join(STUDY_CONTRASTS.values())} | peak state MiB | "
+        + _process_peak_name(study) + " MiB | train s | agent time |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, row in rows.items():
@@ -398,12 +399,11 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
         if twin is not None:  # e.g. DLT's mean budget rounds to its final one in every seed
             lines.append(f"| {label} | {len(row['seeds'])} | the same runs as {twin} |" + " |" * 10)
             continue
-        versus = row["versus"]
+        versus = " | ".join(_cell(row["versus"].get(name)) for name in STUDY_CONTRASTS)
         lines.append(
             f"| {label} | {len(row['seeds'])} | {estimate(row['test_loss'], row['test_loss_half_width'])} | {row['test_perplexity']:.1f} "
             f"| {row['distinct_final']:.1f} / {row['distinct_mean']:.1f} / {row['distinct_peak']} "
-            f"| {_cell(versus.get('none'))} | {_cell(versus.get('untied U'))} | {_cell(versus.get('random'))} "
-            f"| {_cell(versus.get('best static'))} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} "
+            f"| {versus} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} "
             f"| {row['train_seconds']:.0f} | {100 * row['agent_overhead']:.1f}% |"
         )
     lines += _accuracy_lines(rows)
@@ -579,19 +579,17 @@ def _selection_lines(settings: BenchSettings, payload: dict) -> list[str]:
         f"{_layout_name(payload['best_static_at_best_validation'])}, the lowest in mean best validation loss). Validation curves "
         "and selected against last-step test losses: validation_over_steps.png.",
         "",
-        "| strategy | test loss at best validation | best / last step (mean) | vs none | vs untied U | vs random | vs best static | vs dlt |",
+        f"| strategy | test loss at best validation | best / last step (mean) | {' | '.join(STUDY_CONTRASTS.values())} | vs dlt |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for label, row in rows.items():
         selected = row["selected"]
         if selected is None or row["same_runs_as"] is not None:
             continue
-        versus = selected["versus"]
+        versus = " | ".join(_cell(selected["versus"].get(name)) for name in [*STUDY_CONTRASTS, "dlt"])
         lines.append(
             f"| {label} | {estimate(selected['test_loss'], selected['test_loss_half_width'])} "
-            f"| {selected['best_validation_step']:.0f} / {selected['last_step']:.0f} "
-            f"| {_cell(versus.get('none'))} | {_cell(versus.get('untied U'))} | {_cell(versus.get('random'))} "
-            f"| {_cell(versus.get('best static'))} | {_cell(versus.get('dlt'))} |"
+            f"| {selected['best_validation_step']:.0f} / {selected['last_step']:.0f} | {versus} |"
         )
     return lines
 
