@@ -38,9 +38,9 @@ def collect(rows: list[Row], seeds: tuple[int, ...], output: Path) -> dict[str, 
 
 def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[int, ...] | None = None) -> dict:
     """Per row: its test loss and memory, and its paired differences to the best "train small" row of its family,
-    of all and of the row's own steps (`best_small`, `best_small_by_steps`); and per family the rows that competed (`small_candidates`) and those that could but have not finished
-    (`small_not_competing`). With `seeds` (the preset's), only rows finished on every seed they run compete, while
-    any has."""
+    of all and of the row's own steps (`best_small`, `best_small_by_steps`); and per family the rows that competed
+    (`small_candidates`) and those that could but have not finished (`small_not_competing`). With `seeds` (the
+    preset's), only rows finished on every seed they run compete, while any has."""
     families = list(dict.fromkeys(row.model_type for row in rows))
     candidates = {family: _small_candidates(rows, table, family, seeds) for family in families}
     best_small = {family: _best_small(table, candidates[family]) for family in families}

@@ -190,7 +190,7 @@ def summarise(table: dict[str, dict[int, dict]], contrasts_of: dict[str, dict[st
                 if other in measured and other != label and (name != "best static" or _same_final_budget(runs, measured[other]))
             ]  # fmt: skip
 
-        paired = contrasts(baselines) + [(name, other) for name, other in (contrasts_of or {}).get(label, {}).items() if other in measured]
+        paired = contrasts(baselines) + [(name, other) for name, other in contrasts_of.get(label, {}).items() if other in measured]
         rows_versus = {name: paired_difference(runs, measured[other]) for name, other in paired}
         rows[label] = {
             "seeds": sorted(runs),
@@ -392,7 +392,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
         "",
         f"| strategy | seeds | test loss | ppl | distinct final / mean / peak | {' | '.join(STUDY_CONTRASTS.values())} | peak state MiB | "
         + _process_peak_name(study) + " MiB | train s | agent time |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|" + "---|" * len(STUDY_CONTRASTS) + "---|---|---|---|",
     ]
     for label, row in rows.items():
         twin = row["same_runs_as"]
@@ -580,7 +580,7 @@ def _selection_lines(settings: BenchSettings, payload: dict) -> list[str]:
         "and selected against last-step test losses: validation_over_steps.png.",
         "",
         f"| strategy | test loss at best validation | best / last step (mean) | {' | '.join(STUDY_CONTRASTS.values())} | vs dlt |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|" + "---|" * len(STUDY_CONTRASTS) + "---|",
     ]
     for label, row in rows.items():
         selected = row["selected"]
