@@ -104,7 +104,7 @@ def _run_guide(guide: Path, folder: Path) -> str | None:
 
 @pytest.fixture(scope="module")
 def guide_failures(tmp_path_factory) -> dict[Path, str | None]:
-    """Every guide run, two at a time: the suite runs in one process, so the second core is otherwise idle here."""
+    """Every guide run, two at a time: the guides' blocks are mostly interpreter start-up, so a second one overlaps."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = {guide: pool.submit(_run_guide, guide, tmp_path_factory.mktemp(guide.stem)) for guide in RUNNABLE_GUIDES}
     return {guide: run.result() for guide, run in runs.items()}

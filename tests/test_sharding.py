@@ -23,7 +23,8 @@ def run_on_two_ranks(script: str, output_dir: Path, timeout: float) -> list[dict
     `timeout` (blocked ranks) fails the test; SIGTERM makes torchrun end its workers, which run in sessions of their
     own that killing torchrun alone would leave behind."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(REPO / "tests" / "scripts" / script), str(output_dir)]  # fmt: skip
+    # `--standalone`: a free port of its own, as another pytest worker may be launching processes too.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(REPO / "tests" / "scripts" / script), str(output_dir)]  # fmt: skip
     with subprocess.Popen(command, cwd=output_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:  # fmt: skip
         try:
             stdout, stderr = process.communicate(timeout=timeout)
