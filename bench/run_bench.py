@@ -35,6 +35,7 @@ from bench.settings import (  # noqa: E402
     core_runs,
     freeze_recipe,
     parse_learning_rates,
+    parse_rows,
     memory_runs,
     resolve_settings,
     report_dir,
@@ -54,6 +55,7 @@ def main() -> None:
         single_run(settings, RunSpec.from_json(args.single_run), output)
         return
     # Before claiming the folder: a bad flag leaves nothing behind.
+    rows = parse_rows(args.rows, settings)
     tuning = read_learning_rates(Path(args.learning_rates_from or output)) if args.tuned_learning_rates else None
     if args.learning_rates_from is not None and tuning is None:
         raise SystemExit(f"--learning_rates_from {args.learning_rates_from}: no {LEARNING_RATES_FILE} there")
@@ -62,7 +64,12 @@ def main() -> None:
         grid = parse_learning_rates(args.tune_learning_rates)
         # Strategy by strategy, each at every rate, so that a tuning stopped early has whole grids for its first ones;
         # the controls take their strategy's rate (control_runs).
-        grid_runs = [at_learning_rate(spec, rate, settings) for spec in core_runs(settings, settings.seeds[0]) for rate in grid]
+        grid_runs = [
+            at_learning_rate(spec, rate, settings)
+            for spec in core_runs(settings, settings.seeds[0])
+            if rows is None or spec.label in rows
+            for rate in grid
+        ]
         failures = []
         if not args.report_only:
             scheduler = Scheduler(settings, output, args.jobs, with_memory=False, with_study=False)
@@ -73,7 +80,8 @@ def main() -> None:
             sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
         return
     learning_rates = tuning["chosen"] if tuning is not None else None
-    failures = [] if args.report_only else Scheduler(settings, output, args.jobs, not args.skip_memory, not args.memory_only, learning_rates).run()
+    with_memory = not args.skip_memory and rows is None
+    failures = [] if args.report_only else Scheduler(settings, output, args.jobs, with_memory, not args.memory_only, learning_rates, rows).run()
     report = write_report(settings, output, tuning, report_dir(args))
     print(f"\nReport: {report}")
     refresh_markdown()
@@ -106,7 +114,8 @@ def single_run(settings: BenchSettings, spec: RunSpec, output: Path) -> None:
 class Scheduler:
     """Runs the plan in tiers, each seed by seed, `jobs` processes at a time: every seed's equal-memory runs, then
     every seed's other strategies, then every seed's controls; the runs that need a run's outcome (static layouts at
-    DLT's budget, final maps from scratch) are queued when it has finished, before the next seed's."""
+    DLT's budget, final maps from scratch) are queued when it has finished, before the next seed's. `rows`: only the
+    runs of these labels, without followers."""
 
     def __init__(
         self,
@@ -116,13 +125,16 @@ class Scheduler:
         with_memory: bool,
         with_study: bool = True,
         learning_rates: dict[str, float] | None = None,
+        rows: frozenset[str] | None = None,
     ):
         self.settings, self.output, self.jobs, self.learning_rates = settings, output, jobs, learning_rates
+        self.rows = rows
         self.queue: list[tuple[float, RunSpec]] = []
         seeds = settings.seeds if with_study else ()
         for tier_index, runs_of in enumerate(run_tiers(settings)):
             for seed_index, seed in enumerate(seeds):
-                self.queue += [(tier_index * len(seeds) + seed_index, spec) for spec in at_learning_rates(runs_of(settings, seed), learning_rates, settings)]
+                specs = [spec for spec in runs_of(settings, seed) if rows is None or spec.label in rows]
+                self.queue += [(tier_index * len(seeds) + seed_index, spec) for spec in at_learning_rates(specs, learning_rates, settings)]
         if with_memory:  # after the first seed: the memory figures do not wait for the whole study
             self.queue += [(0.5, spec) for spec in memory_runs(settings)]
         self.queue.sort(key=lambda item: item[0])  # stable: the plan's order within a seed
@@ -171,7 +183,9 @@ class Scheduler:
 
     def _after(self, order: float, spec: RunSpec) -> None:
         """Queue the runs a finished DLT or random run of the study makes possible, before the next seed's runs."""
-        followers = runs_after(spec, load_result(self.output / spec.directory), self.settings, self.learning_rates) if spec.kind == "study" else []
+        if spec.kind != "study" or self.rows is not None:
+            return
+        followers = runs_after(spec, load_result(self.output / spec.directory), self.settings, self.learning_rates)
         if not followers:
             return
         position = next((i for i, (other, _) in enumerate(self.queue) if other > order), len(self.queue))

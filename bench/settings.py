@@ -330,6 +330,14 @@ class BenchArguments:
             "of the same models at another length. Default: the results folder's own."
         },
     )
+    rows: str | None = field(
+        default=None,
+        metadata={
+            "help": "Only these rows of the plan, their labels separated by '|', e.g. 'cycle @ U|untied, 2 blocks' (the "
+            "rows bench/recipe_report.py chooses on); with --tune_learning_rates, only their grids. Neither the runs "
+            "that follow a finished DLT, random or similarity run nor the memory runs are queued. Default: every row."
+        },
+    )
     memory_only: bool = field(
         default=False,
         metadata={
@@ -558,6 +566,18 @@ def run_tiers(settings: BenchSettings) -> list[Callable[[BenchSettings, int], li
     if settings.recipe_rows:
         return [recipe_runs] + ([agent_runs_at_budget] if settings.recipe_agents else [])
     return [equal_memory_runs, other_strategy_runs] + ([control_runs] if settings.controls else [])
+
+
+def parse_rows(text: str | None, settings: BenchSettings) -> frozenset[str] | None:
+    """`--rows`' labels, each one a row of the plan (its first seed's), or None for every row."""
+    if text is None:
+        return None
+    rows = frozenset(label.strip() for label in text.split("|"))
+    planned = {spec.label for runs_of in run_tiers(settings) for spec in runs_of(settings, settings.seeds[0])}
+    unknown = sorted(rows - planned)
+    if unknown:
+        raise SystemExit(f"--rows: {', '.join(map(repr, unknown))} is not a row of this plan; its rows: {' | '.join(sorted(planned))}")
+    return rows
 
 
 def core_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:

@@ -896,6 +896,38 @@ def test_learning_rates_from_a_folder_without_a_grid_is_refused_by_name(tmp_path
     assert not (tmp_path / "study").exists()  # refused before the results folder is claimed
 
 
+def test_rows_queue_only_the_named_rows_without_followers(tmp_path):
+    """`--rows` as the recipe grid uses it (the two rows its choice is made on), and on the default plan: only the
+    named labels, every seed, and a finished DLT run queues none of the layouts that follow it without `--rows`."""
+    from bench.settings import parse_rows
+
+    recipe = dataclasses.replace(PRESETS["recipe"], seeds=(0, 1))
+    rows = parse_rows("cycle @ U | untied, 2 blocks", recipe)
+    queued = [(spec.label, spec.seed) for _, spec in Scheduler(recipe, tmp_path, 1, with_memory=False, rows=rows).queue]
+    assert sorted(queued) == [("cycle @ U", 0), ("cycle @ U", 1), ("untied, 2 blocks", 0), ("untied, 2 blocks", 1)]
+
+    default = dataclasses.replace(PRESETS["default"], seeds=(0,))
+    dlt = next(spec for spec in Scheduler(default, tmp_path, 1, with_memory=False).queue if spec[1].label == "dlt")
+    (tmp_path / dlt[1].directory).mkdir(parents=True)
+    write_complete(tmp_path / dlt[1].directory / "result.json", {"final_map": [0] * 12, "distinct_final": 1, "distinct_mean": 1.0})
+    for named, followers in ((None, 7), (parse_rows("dlt", default), 0)):
+        scheduler = Scheduler(default, tmp_path, 1, with_memory=False, rows=named)
+        scheduler.progress, before = tqdm(total=0, disable=True), len(scheduler.queue)
+        scheduler._after(*dlt)
+        assert len(scheduler.queue) - before == followers
+
+
+def test_a_row_not_in_the_plan_is_refused_by_name_before_the_folder_is_claimed(tmp_path, monkeypatch):
+    from bench.run_bench import main
+
+    results = tmp_path / "recipe"
+    argv = ["run_bench.py", "--preset", "recipe", "--results_dir", str(results), "--rows", "cycle @ U|cycle @ 3"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match=r"--rows: 'cycle @ 3' is not a row of this plan; its rows: .*cycle @ U"):
+        main()
+    assert not results.exists()
+
+
 @pytest.mark.parametrize("text", ["", "0.001,x", "0", "3"])
 def test_a_bad_learning_rate_grid_is_named(text):
     from bench.settings import parse_learning_rates
