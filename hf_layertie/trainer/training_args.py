@@ -74,8 +74,8 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         `dlt`: a learning agent decides the map (the method). `random`: the same schedule, options and cap with
         uniformly random actions (ablation). `static:<spec>`: a fixed map, from a strategy (`static:all`,
         `static:cycle:4`, `static:sequence:3`, ...) or explicit entries (`static:0,0,2,2`). `similarity:U`: after
-        `similarity_warmup_steps` steps with every block independent, tie blocks by their functional similarity
-        to U distinct blocks (`hf_layertie.block_similarity`). `none`: conventional training, no tying code runs.
+        `similarity_warmup_steps` steps under the model's own map (every block independent from scratch), tie
+        blocks by their functional similarity to U distinct blocks (`hf_layertie.block_similarity`). `none`: conventional training, no tying code runs.
     dlt_variant (`str`, dlt and random, defaults to `"default"`):
         The agent of `dlt`: `"default"` (this library's agent) or `"paper"` (Hay & Wolf's algorithm as the authors'
         code runs it; see `hf_layertie.dlt.agent_config`). `random` draws from the distinct options either way; there
