@@ -81,6 +81,32 @@ def test_untie_init_own_gives_an_untied_block_its_own_weights_back(tmp_path, unt
             assert torch.equal(parameter, start[0][name]) is not restored
 
 
+def test_untie_init_own_restores_only_the_block_a_decision_unties(tmp_path):
+    # From 0 1 1 1, tying block 1 to block 0 leaves blocks 2 and 3 independent of it under a new owner (block 2), with
+    # the group's trained weights and optimizer state; untying block 3 then gives block 3 alone its starting weights.
+    from hf_layertie.decisions import Decision
+
+    model = tiny_model()
+    perturb_(model, seed=3)
+    start = [{name: parameter.detach().clone() for name, parameter in block_parameters(model, block).items()} for block in range(4)]
+    trainer = make_trainer(tmp_path, model=model, tying_strategy="dlt", untie_init="own", tying_initial_map="0 1 1 1")
+    trainer.create_optimizer()
+    batch = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    model(input_ids=batch, labels=batch).loss.backward()
+    trainer.optimizer.step()  # every weight moves from its start and has AdamW state
+    trained = {name: parameter.detach().clone() for name, parameter in block_parameters(model, 1).items()}
+
+    trainer._apply(Decision(index=0, step=1, map_after=TyingMap([0, 0, 2, 2]), block=1, source=0, untie_to_start=True))
+    for name, parameter in block_parameters(model, 2).items():
+        assert torch.equal(parameter, trained[name]) and "exp_avg" in trainer.optimizer.state[parameter]
+
+    trainer._apply(Decision(index=1, step=2, map_after=TyingMap([0, 0, 2, 3]), block=3, source=3, untie_to_start=True))
+    for name, parameter in block_parameters(model, 3).items():
+        assert torch.equal(parameter, start[3][name]) and parameter not in trainer.optimizer.state
+    for name, parameter in block_parameters(model, 2).items():
+        assert torch.equal(parameter, trained[name])
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [

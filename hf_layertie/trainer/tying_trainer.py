@@ -52,6 +52,7 @@ from ..models._compat import (
 )
 from ..models.adapter_export import is_adapter_layer
 from ..models.tied_blocks import ParameterCounts, TiedBlocksMixin
+from ..models.tying_map import TyingMap
 from ..relaxed_ties import check_lora_rank, holds_adapters, load_relaxed_weights, relax_ties
 from .checkpoint_format import (
     TYING_STATE_NAME,
@@ -370,18 +371,17 @@ class TyingTrainer(Trainer):
         """Re-tie the model to `decision`'s map, bring the optimizer and the DDP wrapper along, and return the
         model's parameter counts.
 
-        `tie_init` as in `retie`; with `untie_to_start`, each block the map unties takes back its weights from when
-        training started, with fresh optimizer state (`untie_init="own"`); `lora_rank` relaxes the new ties
+        `tie_init` as in `retie`; with `untie_to_start`, the block an agent's decision unties takes back its weights
+        from when training started, with fresh optimizer state (`untie_init="own"`); `lora_rank` relaxes the new ties
         (`relax_ties`), whose adapters join the param group of the weights they adapt."""
         lora_rank, lora_init = decision.lora_rank, decision.lora_init
         untied_weights = self._starting_weights if decision.untie_to_start else None
         weights_before = self._block_weights() if lora_init == "svd" else None
         with self._timed("retie"):
             report = self.model.retie(decision.map_after, tie_init=decision.tie_init)
-            untied = [block for block in report.new_map.independent_blocks if not report.old_map.is_independent(block)]
             restored = [
                 parameter
-                for block in (untied if untied_weights is not None else [])
+                for block in (_block_untied(decision, report.old_map) if untied_weights is not None else [])
                 for parameter in _load_block_weights(self.model.tied_blocks[block], untied_weights[block])
             ]
         if report.changed and self.optimizer is not None:
@@ -667,6 +667,14 @@ def _numbers(prefix: str, row: dict, skip: tuple[str, ...]) -> dict:
         for key, value in row.items()
         if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in skip
     }
+
+
+def _block_untied(decision: Decision, old_map: TyingMap) -> list[int]:
+    """The block an agent's decision unties (`source == block`, tied before), or none. It is the only block whose
+    weights change (`TyingMap.with_decision`): a decision that ties an owner instead leaves its followers their
+    trained weights and optimizer state under a new owner, though they too become independent in the new map."""
+    untie = decision.block is not None and decision.source == decision.block and not old_map.is_independent(decision.block)
+    return [decision.block] if untie else []
 
 
 @torch.no_grad()
