@@ -629,6 +629,30 @@ def test_a_full_disk_during_a_checkpoint_names_the_folder_and_the_checkpoint_to_
     assert resumed.train(resume_from_checkpoint=str(last_complete_checkpoint(tmp_path))).global_step == 6
 
 
+def test_with_a_checkpoint_limit_a_crash_before_the_tying_state_keeps_the_last_complete_checkpoint(tmp_path, monkeypatch):
+    # The Trainer rotates old checkpoints out at the end of its part of a checkpoint; the tying state, which makes a
+    # checkpoint complete, comes after it. With save_total_limit=1 a crash between the two left none complete.
+    save = torch.save
+
+    def crash_at_the_second_tying_state(obj, path, *args, **kwargs):
+        if "checkpoint-4" in str(path) and "tying_state" in str(path):
+            raise RuntimeError("killed")
+        return save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", crash_at_the_second_tying_state)
+    overrides = dict(max_steps=6, save_strategy="steps", save_steps=2, save_total_limit=1)
+    with pytest.raises(RuntimeError, match=rf"it resumes from {re.escape(str(tmp_path / 'checkpoint-2'))}"):
+        make_trainer(tmp_path, **overrides).train()
+
+    monkeypatch.setattr(torch, "save", save)
+    from hf_layertie.trainer.checkpoint_format import last_complete_checkpoint
+
+    assert last_complete_checkpoint(tmp_path) == tmp_path / "checkpoint-2"
+    resumed = make_trainer(tmp_path, **overrides)
+    assert resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2")).global_step == 6
+    assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-6"]  # the limit still holds
+
+
 def test_a_checkpoint_at_max_steps_is_finished_from_without_a_step_more(tmp_path):
     overrides = dict(max_steps=12, save_strategy="steps", save_steps=4, lr_scheduler_type="constant")
     uninterrupted = make_trainer(tmp_path / "full", **overrides)

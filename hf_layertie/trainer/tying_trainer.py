@@ -36,7 +36,7 @@ from accelerate.utils import broadcast_object_list
 from transformers import Trainer, TrainerState
 from transformers.integrations import is_tensorboard_available
 from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotate_checkpoints
 
 from ..block_similarity import block_angular_distances
 from ..checks import perplexity
@@ -499,13 +499,21 @@ class TyingTrainer(Trainer):
 
     def _save_checkpoint(self, model, trial) -> None:
         """The Trainer's checkpoint, then the tying state, written last and atomically (a checkpoint with a
-        `tying_state.pt` is complete), then the history so far. A failed write names the folder and the disk's
-        free space."""
-        folder = os.path.join(trainer_output_dir(self, trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        with explain_write_errors(folder):
-            super()._save_checkpoint(model, trial)
+        `tying_state.pt` is complete), then the history so far; only then are old checkpoints rotated out
+        (`save_total_limit`), which the Trainer does at the end of its own part: a crash while this checkpoint is
+        incomplete leaves the last complete one. A failed write names the folder and the disk's free space."""
+        run_dir = trainer_output_dir(self, trial)
+        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        save_total_limit, self.args.save_total_limit = self.args.save_total_limit, None
+        try:
+            with explain_write_errors(folder):
+                super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = save_total_limit
         self._write_tying_state(folder)
         self.history.flush(self.args.should_save)
+        if self.args.should_save:
+            rotate_checkpoints(run_dir, save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         state = read_tying_state(resume_from_checkpoint)
