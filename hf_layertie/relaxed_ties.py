@@ -16,6 +16,7 @@ strategy's map is applied (static, similarity): `--lora_rank` in the scripts.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import warnings
@@ -36,13 +37,20 @@ _PEFT_PREFIX = "base_model.model."
 
 
 def check_lora_settings(lora_rank, lora_init) -> None:
-    """One error naming the setting: a rank below 1, an unknown init, or an init without a rank."""
+    """One error naming the setting: a rank below 1, an unknown init, an init without a rank, or a rank without PEFT
+    (refused with the settings, not when the map is applied: `similarity` applies it after its warm-up)."""
     if lora_rank is None:
         if lora_init is not None:
             raise ValueError(f"lora_init={lora_init!r} needs lora_rank: relaxed ties are off without a rank")
         return
     check_integer("lora_rank", lora_rank, minimum=1)
     check_choice("lora_init", lora_init, LORA_INITS)
+    _require_peft()
+
+
+def _require_peft() -> None:
+    if importlib.util.find_spec("peft") is None:
+        raise ImportError("lora_rank (relaxed ties) needs PEFT: pip install 'hf-layertie[peft]'")
 
 
 def check_lora_rank(model: TiedBlocksMixin, lora_rank: int, num_distinct: int) -> None:
@@ -98,11 +106,9 @@ def relax_ties(
     change keeps PEFT's initialisation (zero update). `"zero"`: PEFT's initialisation everywhere, so the relaxed
     model starts as the tied one. `lora_alpha = lora_rank`: the update is `B @ A`, unscaled, at every rank.
     """
-    try:
-        from peft import LoraConfig
-    except ImportError as error:
-        raise ImportError("lora_rank (relaxed ties) needs PEFT: pip install 'hf-layertie[peft]'") from error
     check_lora_settings(lora_rank, lora_init)
+    from peft import LoraConfig
+
     if lora_init == "svd" and weights_before is None:
         raise ValueError("lora_init='svd' needs weights_before: the weights each block used before its map was applied")
     if carries_integrated_adapters(model) or model.adapted_blocks():

@@ -3,6 +3,7 @@ from what the tie took from each position, trained with the shared weights, save
 exported with each position's adapters merged into its own weights."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -247,6 +248,14 @@ def test_run_clm_relaxes_a_converted_checkpoint_and_exports_it_for_stock_transfo
 def test_relaxed_tie_settings_are_checked_naming_the_setting(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         tying_args(tmp_path, **overrides)
+
+
+@pytest.mark.parametrize("strategy", ["static:0,0,2,2", "similarity:2"])
+def test_a_rank_without_peft_is_refused_with_the_settings_before_any_step(tmp_path, monkeypatch, strategy):
+    # similarity applies its map (and the adapters) after the warm-up: without this check it trained the warm-up first.
+    monkeypatch.setitem(sys.modules, "peft", None)
+    with pytest.raises(ImportError, match=r"lora_rank \(relaxed ties\) needs PEFT: pip install 'hf-layertie\[peft\]'"):
+        tying_args(tmp_path, tying_strategy=strategy, lora_rank=1, similarity_warmup_steps=2 if "similarity" in strategy else None)
 
 
 def test_relaxing_a_model_that_carries_adapters_already_is_refused():
