@@ -520,6 +520,7 @@ def test_maps_that_do_not_fit_the_model_are_rejected_at_construction(tmp_path, o
     "overrides, message",
     [
         (dict(tying_interval=0), "tying_interval must be an integer >= 1"),
+        (dict(tying_initial_map="bogus"), "tying_initial_map='bogus': unknown tying strategy 'bogus'"),
         (dict(tying_interval=2.5), "tying_interval must be an integer >= 1 .*got 2.5"),
         (dict(tying_interval=True), "tying_interval must be an integer >= 1 .*got True"),
         (dict(tying_interval="5"), "tying_interval must be an integer >= 1 .*got '5'"),

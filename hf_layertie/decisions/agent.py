@@ -14,7 +14,7 @@ from ..checks import check_choice, check_integer
 from ..dlt import AgentConfig, Outcome, TyingController, TyingReward, make_agent
 from ..models.configuration_tying import TIE_INITS
 from ..models.tying_map import TyingMap
-from ..models.tying_strategies import resolve_tying_map
+from ..models.tying_strategies import check_static_spec, resolve_tying_map
 from .base import Decision, Observation, TyingDecisions
 
 REWARD_SOURCES = ("train", "held_out")
@@ -76,6 +76,11 @@ class AgentDecisions(TyingDecisions):
         initial_map = values["tying_initial_map"]
         if initial_map is not None and not isinstance(initial_map, str):
             raise ValueError(f"tying_initial_map must be a string such as 'all' or '0 0 2 2', got {initial_map!r}")
+        if initial_map is not None:
+            try:  # the spec's syntax now; whether it fits the model, when the trainer knows the model
+                check_static_spec(initial_map)
+            except ValueError as error:
+                raise ValueError(f"tying_initial_map={initial_map!r}: {error}") from None
         if values["reward_source"] not in REWARD_SOURCES:
             raise ValueError(f"reward_source={values['reward_source']!r}: expected 'train' or 'held_out'")
         if values["reward_source"] == "held_out":
