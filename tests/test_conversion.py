@@ -40,6 +40,18 @@ def test_retie_with_mean_averages_each_distinct_set_of_weights_once():
         assert torch.allclose(parameter, (before[0][name] + before[3][name]) / 2)
 
 
+def test_a_checkpoint_converted_with_mean_is_regrouped_from_its_roots_unless_told(tmp_path):
+    plain = GPT2.plain_model(4, seed=5)
+    perturb_(plain, seed=6)
+    plain.save_pretrained(tmp_path / "plain")
+    load_cleanly(GPT2.tied_class, tmp_path / "plain", tying_map=[0, 1, 1, 3], tie_init="mean").save_pretrained(tmp_path / "converted")
+
+    regrouped = load_cleanly(GPT2.tied_class, tmp_path / "converted", tying_map=[0, 0, 0, 3])
+    by_root = load_cleanly(GPT2.tied_class, tmp_path / "converted", tying_map=[0, 0, 0, 3], tie_init="root")
+    by_mean = load_cleanly(GPT2.tied_class, tmp_path / "converted", tying_map=[0, 0, 0, 3], tie_init="mean")
+    assert torch.equal(logits(regrouped), logits(by_root)) and not torch.equal(logits(regrouped), logits(by_mean))
+
+
 def test_retie_refuses_an_unknown_tie_init():
     with pytest.raises(ValueError, match=r"tie_init must be one of \('root', 'mean'\), got 'median'"):
         GPT2.tied_model([0, 1]).retie([0, 0], tie_init="median")

@@ -42,8 +42,10 @@ class TyingConfigMixin:
         blocks differently from how they were saved (a plain checkpoint converted, a tied one re-grouped):
         `"root"`, the weights its first block used in the checkpoint; `"mean"`, the average over its blocks of
         the weights each used (how relaxed recursive transformers initialise shared layers). Blocks the
-        checkpoint has no weights for are left out of the average. `retie` takes the same choice as an argument
-        (`"root"` unless told).
+        checkpoint has no weights for are left out of the average. It applies to the load it is passed to: a
+        checkpoint saved by a model converted with `"mean"` keeps the value in its config.json, and a later
+        `from_pretrained(path, tying_map=...)` without `tie_init` groups with `"root"`. `retie` takes the same
+        choice as an argument (`"root"` unless told).
     """
 
     # Kept out of `__dict__`, hence out of `to_dict()`, config.json and `==`:
@@ -90,6 +92,8 @@ class TyingConfigMixin:
             config = loaded[0] if kwargs.get("return_unused_kwargs") else loaded
             saved = config_dict.get("tying_map")
             config._saved_tying_map = TyingMap(saved if saved is not None else range(config.num_hidden_layers))
+            if "tie_init" not in kwargs:  # how this load groups, not how the checkpoint's own load did
+                config.tie_init = "root"
         return loaded
 
     @property
