@@ -4,6 +4,7 @@ import csv
 import importlib
 import json
 import math
+import re
 import shutil
 
 import datasets
@@ -293,12 +294,19 @@ def test_a_json_argument_of_the_wrong_type_is_named(tmp_path):
         run(CAUSAL_LM, [str(tmp_path / "args.json")])
 
 
-def test_masked_lm_with_a_tokenizer_without_mask_or_pad_token_is_rejected(tmp_path, text_files):
+def test_masked_lm_with_a_tokenizer_without_mask_or_pad_token_is_rejected_naming_its_flag(tmp_path, text_files, clm_run):
     from hf_layertie.data import embedded_tokenizer_dir
 
-    flags = tiny_flags(tmp_path, text_files, TINY_BERT, "--tokenizer_name", str(embedded_tokenizer_dir("gpt2")))
-    with pytest.raises(ValueError, match="masked language modeling needs a tokenizer with a mask token and a pad token"):
-        run(MASKED_LM, flags)
+    gpt2 = str(embedded_tokenizer_dir("gpt2"))
+    with pytest.raises(ValueError, match=rf"--tokenizer_name {re.escape(gpt2)}: masked language modeling needs a tokenizer with a mask token and a pad token"):
+        run(MASKED_LM, tiny_flags(tmp_path, text_files, TINY_BERT, "--tokenizer_name", gpt2))
+    # A causal checkpoint given to run_mlm.py: its tokenizer comes from --model_name_or_path, which the error names.
+    checkpoint, _ = clm_run
+    flags = tiny_flags(tmp_path, text_files, TINY_BERT)
+    at = flags.index("--config_overrides")
+    del flags[at : at + 2]
+    with pytest.raises(ValueError, match=rf"--model_name_or_path {re.escape(str(checkpoint))}: masked language modeling needs"):
+        run(MASKED_LM, [*flags, "--model_name_or_path", str(checkpoint)])
 
 
 @pytest.fixture

@@ -236,9 +236,8 @@ def _text_data_and_model(task: LanguageModelingTask, model_args: ModelArguments,
         model_args.cache_dir,
         streaming=data_args.streaming,
     )
-    tokenizer = load_tokenizer(
-        model_args.tokenizer_name or model_args.model_name_or_path or task.tokenizer, masked=task.masked, **model_args.hub_options
-    )
+    flag, name = _tokenizer_source(model_args, task)
+    tokenizer = load_tokenizer(name, masked=task.masked, flag=flag, **model_args.hub_options)
     model = _load_model(task, model_args, tokenizer)
     block_size = resolve_block_size(data_args.block_size, model.config.max_position_embeddings)
     grouped = tokenize_and_group(
@@ -251,6 +250,16 @@ def _text_data_and_model(task: LanguageModelingTask, model_args: ModelArguments,
         source=_data_source(data_args),
     )
     return grouped, tokenizer, model
+
+
+def _tokenizer_source(model_args: ModelArguments, task: LanguageModelingTask) -> tuple[str, str]:
+    """The argument the tokenizer comes from and its value, as transformers' run_clm.py picks it, so that an error
+    about the tokenizer names what the user passed."""
+    if model_args.tokenizer_name:
+        return "--tokenizer_name", model_args.tokenizer_name
+    if model_args.model_name_or_path:
+        return "--model_name_or_path", model_args.model_name_or_path
+    return "the embedded default's tokenizer", task.tokenizer
 
 
 def _load_model(task: LanguageModelingTask, model_args: ModelArguments, tokenizer) -> PreTrainedModel:

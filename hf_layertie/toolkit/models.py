@@ -47,10 +47,12 @@ def load_tokenizer(
     cache_dir: str | None = None,
     revision: str = "main",
     trust_remote_code: bool = False,
+    flag: str = "--tokenizer_name",
 ) -> PreTrainedTokenizerBase:
     """A tokenizer by folder, Hub id or shipped name (`SHIPPED_TOKENIZERS`, loaded offline from the package).
 
-    `masked=True` checks for the mask and padding tokens that masked language modeling needs.
+    `masked=True` checks for the mask and padding tokens that masked language modeling needs; a tokenizer without
+    them is refused naming `flag`, the argument `name_or_path` came from.
     """
     source = embedded_tokenizer_dir(SHIPPED_TOKENIZERS[name_or_path]) if name_or_path in SHIPPED_TOKENIZERS else name_or_path
     tokenizer = AutoTokenizer.from_pretrained(
@@ -58,8 +60,9 @@ def load_tokenizer(
     )
     if masked and (tokenizer.mask_token is None or tokenizer.pad_token is None):
         raise ValueError(
-            f"--tokenizer_name {name_or_path}: masked language modeling needs a tokenizer with a mask token and a pad "
-            f"token, this one has mask_token={tokenizer.mask_token!r} and pad_token={tokenizer.pad_token!r}"
+            f"{flag} {name_or_path}: masked language modeling needs a tokenizer with a mask token and a pad token, "
+            f"this one has mask_token={tokenizer.mask_token!r} and pad_token={tokenizer.pad_token!r} (a causal "
+            f"model's tokenizer has neither: pass a masked model, or --tokenizer_name a tokenizer that has both)"
         )
     return tokenizer
 
