@@ -233,8 +233,9 @@ class TyingTrainer(Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         if not self._run_checked:
             self.decisions.check_run(self.state.max_steps)
-            if self.args.decisions_class.changes_map or self.args.lora_rank is not None:
-                from .optimizer_sync import check_data_parallel_can_rebuild  # re-ties rebuild the DDP wrapper
+            # Re-ties rebuild the DDP wrapper; a fixed map (relaxed or not) is applied before the Trainer wraps it.
+            if self.args.decisions_class.changes_map:
+                from .optimizer_sync import check_data_parallel_can_rebuild
 
                 check_data_parallel_can_rebuild(self.model_wrapped)
             self._run_checked = True

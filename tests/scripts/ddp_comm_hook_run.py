@@ -84,9 +84,18 @@ def main():
     except ValueError as error:
         refusal = (str(error), refused.state.global_step)
 
+    # A fixed map with relaxed ties never rebuilds the wrapper: PowerSGD is allowed there.
+    static = random_tying_trainer(
+        output_dir, max_steps=4, rows=64, tying_strategy="static:0,0,2,2", lora_rank=1,
+        tying_initial_map=None, tying_interval=None, agent_seed=None,
+    )  # fmt: skip
+    static.add_callback(PowerSGD(static))
+    static.train()
+
     torch.save(
         {
             "world_size": trainer.args.world_size,
+            "static_steps": static.state.global_step,
             "maps": [(record["step"], record["map"]) for record in trainer.tying_records],
             "hook_steps": hooked.state.steps,
             "forward_steps": hooked.forward_steps,
