@@ -64,17 +64,13 @@ def main() -> None:
         grid = parse_learning_rates(args.tune_learning_rates)
         # Strategy by strategy, each at every rate, so that a tuning stopped early has whole grids for its first ones;
         # the controls take their strategy's rate (control_runs).
-        grid_runs = [
-            at_learning_rate(spec, rate, settings)
-            for spec in core_runs(settings, settings.seeds[0])
-            if rows is None or spec.label in rows
-            for rate in grid
-        ]
+        grid_runs = [at_learning_rate(spec, rate, settings) for spec in core_runs(settings, settings.seeds[0]) for rate in grid]
         failures = []
         if not args.report_only:
             scheduler = Scheduler(settings, output, args.jobs, with_memory=False, with_study=False)
-            scheduler.queue = list(enumerate(grid_runs))
+            scheduler.queue = list(enumerate(spec for spec in grid_runs if rows is None or spec.label in rows))
             failures = scheduler.run()
+        # From every row's finished grid, `--rows` or not: the rows not trained now keep the rates they chose before.
         print(f"\nLearning rates: {write_learning_rates(output, settings, grid, grid_runs)}")
         if failures:
             sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))

@@ -334,7 +334,8 @@ class BenchArguments:
         default=None,
         metadata={
             "help": "Only these rows of the plan, their labels separated by '|', e.g. 'cycle @ U|untied, 2 blocks' (the "
-            "rows bench/recipe_report.py chooses on); with --tune_learning_rates, only their grids. Neither the runs "
+            "rows bench/recipe_report.py chooses on); with --tune_learning_rates, only their grids are trained (the "
+            "learning rates are chosen from every row's finished grid). Neither the runs "
             "that follow a finished DLT, random or similarity run nor the memory runs are queued. Default: every row."
         },
     )

@@ -917,6 +917,22 @@ def test_rows_queue_only_the_named_rows_without_followers(tmp_path):
         assert len(scheduler.queue) - before == followers
 
 
+def test_tuning_some_rows_keeps_the_rates_the_other_rows_chose(tmp_path, monkeypatch):
+    """The partial preset's committed grid (seed 0: untied 4 blocks and `0 1 1 3 4` at every rate): a tuning of one
+    row writes learning_rates.json from every row's finished grid, not from that row's alone."""
+    import shutil
+
+    from bench.run_bench import main
+
+    results = tmp_path / "partial"
+    shutil.copytree(REPO_ROOT / "bench" / "results" / "partial", results, ignore=shutil.ignore_patterns("*.png", "*.jsonl", "log.txt"))
+    argv = ["run_bench.py", "--preset", "partial", "--results_dir", str(results), "--tune_learning_rates", "1e-3,3e-3,1e-2"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--rows", "untied, 4 blocks", "--report_only", "true"])
+    main()
+    chosen = json.loads((results / "learning_rates.json").read_text())["chosen"]
+    assert chosen["untied, 4 blocks"] == chosen["loop middle, 5 positions (0 1 1 3 4)"] == 0.003  # the latter not tuned now
+
+
 def test_a_row_not_in_the_plan_is_refused_by_name_before_the_folder_is_claimed(tmp_path, monkeypatch):
     from bench.run_bench import main
 
