@@ -110,7 +110,8 @@ def main() -> None:
         label, seed = json.loads(args.single_run)
         row = next(row for row in plan(settings) if row.label == label)
         run_dir = row_dir(output, row, seed)
-        write_complete(run_dir / "result.json", {**run_row(settings, row, seed, run_dir, seed_dir(output, seed)), **provenance()})
+        source = provenance()  # the code this process loaded, not what the tree holds when the row ends
+        write_complete(run_dir / "result.json", {**run_row(settings, row, seed, run_dir, seed_dir(output, seed)), **source})
         return
     _claim(output, settings)
     failures = [] if args.report_only else _run_all(settings, output, args.jobs)

@@ -133,6 +133,25 @@ def study_blocks(
     return blocks
 
 
+def evaluation_coverage(split: str, block_size: int, cap: int | None) -> str:
+    """In words, what an evaluation split's first `cap` blocks of `block_size` tokens hold: the split is its works in
+    `STUDY_SPLITS`' order, tokenized line by line, concatenated and cut into blocks, so a cap keeps the first works'
+    openings. Shares are approximate (each batch of lines drops its remainder when cut into blocks)."""
+    works = STUDY_SPLITS[split]
+    titles = [work.replace("_", " ").title() for work in works]
+    if cap is None:
+        return f"{len(works)} held-out plays ({', '.join(titles)})"
+    tokenizer, left, shares = load_tokenizer(TOKENIZER), cap * block_size, []
+    for title, path in zip(titles, study_files()[split]):
+        lines = Path(path).read_text(encoding="utf-8").splitlines(keepends=True)
+        tokens = sum(len(ids) for ids in tokenizer(lines)["input_ids"])
+        if left <= 0:
+            break
+        shares.append(f"{title} ({'all' if left >= tokens else f'its first {left / tokens:.0%}'})")
+        left -= tokens
+    return f"the first {cap:,} blocks of {block_size} tokens of the held-out plays, {cap * block_size:,} tokens: {', '.join(shares)}"
+
+
 def study_data(
     block_size: int,
     max_test_blocks: int | None = None,
@@ -235,6 +254,7 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
         raise RuntimeError("--use_gpu needs a CUDA device, and torch.cuda.is_available() is False here")
     if settings.num_threads is not None:
         torch.set_num_threads(settings.num_threads)
+    source = provenance(on_gpu=settings.use_gpu)  # the code this process loaded, not what the tree holds at its end
     datasets.disable_progress_bars()
     tokenizer, blocks = settings_data(settings)
     memory = spec.kind == "memory"
@@ -284,7 +304,7 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
         "trained_steps": trainer.state.global_step,  # below max_steps where early stopping ended the run
         "gradient_checkpointing": bool(args.gradient_checkpointing),  # absent from earlier records: False
         "learning_rate": args.learning_rate,
-        **provenance(on_gpu=settings.use_gpu),
+        **source,
     }
     if norms is not None:
         result["gradient_norms"] = norms.records

@@ -21,6 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from .measure import evaluation_coverage  # noqa: E402
 from .provenance import hardware, source, source_lines  # noqa: E402
 from .settings import (  # noqa: E402
     FINAL_MAP_LABEL,
@@ -474,7 +475,7 @@ def _test_loss_words(settings: BenchSettings, bigram: float | None) -> str:
     """What the test loss is measured on and how it is summarised, and the count bigram's where there is one."""
     return (
         ("Test loss in nats per labelled token on the task's test split" if settings.task else
-         "Test loss in nats per token on 4 held-out plays (Hamlet, Lear, Othello, Much Ado)")
+         f"Test loss in nats per token on {evaluation_coverage('test', settings.block_size, settings.max_test_blocks)}")
         + ", mean ± 95% interval over paired seeds; differences are paired (negative: lower loss than the other). "
         + ("" if bigram is None else f"Count bigram of the same tokenization: {bigram:.3f}. ")
     )  # fmt: skip
