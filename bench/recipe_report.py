@@ -35,6 +35,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench.markdown_tables import refresh_markdown  # noqa: E402
+from bench.provenance import source_lines  # noqa: E402
 from bench.report import estimate, interval, load_result  # noqa: E402
 from bench.settings import PRESETS, RECIPE_FIRST, RECIPE_REPORT, folder_recipe, recipe_runs, untied_label  # noqa: E402
 
@@ -56,8 +57,13 @@ def recipe_of(folder: Path) -> dict:
 def collect(folder: Path) -> dict[str, dict[int, dict]]:
     """The finished runs of a recipe folder: label -> seed -> record."""
     runs: dict[str, dict[int, dict]] = {}
+    read_from: dict[tuple[str, int], Path] = {}
     for result in sorted((folder / "study").rglob("result.json")):
         record = load_result(result.parent)
+        key = (record["label"], record["seed"])
+        if key in read_from:  # e.g. one row trained at two learning rates: which one the grid means is not known
+            raise SystemExit(f"{folder}: two records of {key[0]!r} seed {key[1]}, {read_from[key]} and {result}; keep one")
+        read_from[key] = result
         runs.setdefault(record["label"], {})[record["seed"]] = record
     return runs
 
@@ -145,6 +151,10 @@ def write_recipe_report(results: Path, report_dir: Path) -> Path:
         "choice_seeds": list(CHOICE_SEEDS),
         "max_grad_norm": MAX_GRAD_NORM,
         "choice": choose(recipes),
+        # Which code each run came from, rows named with their recipe (`source_lines` groups runs by label).
+        "provenance": source_lines(
+            [record | {"label": f"{label} | {name}"} for name, runs in recipes.items() for label, by_seed in runs.items() for record in by_seed.values()]
+        ),
         "rows": {
             f"{label} | {name}": grid_cell(runs[label]) | {"label": label, "recipe": name, "gradient_phases": gradient_phases(runs[label])}
             for label in _labels(recipes)
@@ -201,7 +211,7 @@ def _markdown(payload: dict) -> str:
                 f"| {row['label']} | {row['recipe']} | {low}-{high} | {phase['loss']:.3f} | {phase['grad_norm_median']:.2f} | "
                 f"{phase['clipped_share']:.0%} | {phase['block_share_median']:.2f} |"
             )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + payload["provenance"]) + "\n"
 
 
 def _estimate(value: list[float] | None) -> str:

@@ -42,3 +42,15 @@ def test_the_committed_recipe_report_is_what_its_records_give(tmp_path):
     write_recipe_report(REPO_ROOT / "bench" / "results" / "recipe", tmp_path)
     assert json.loads((tmp_path / "results.json").read_text()) == json.loads(committed.read_text())
     assert (tmp_path / "results.md").read_text() == committed.with_name("results.md").read_text()
+
+
+def test_two_records_of_one_row_and_seed_in_a_folder_are_refused_naming_both(tmp_path):
+    import pytest
+
+    from bench.recipe_report import collect
+
+    for run in ("L2/none/seed0", "L2/none-lr0.01/seed0"):  # the same row at two learning rates
+        (tmp_path / "study" / run).mkdir(parents=True)
+        (tmp_path / "study" / run / "result.json").write_text(json.dumps({"label": "untied, 2 blocks", "seed": 0}))
+    with pytest.raises(SystemExit, match=r"two records of 'untied, 2 blocks' seed 0, .*none/seed0/result.json and .*none-lr0.01/seed0/result.json; keep one"):
+        collect(tmp_path)
