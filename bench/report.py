@@ -25,6 +25,7 @@ from .measure import evaluation_coverage  # noqa: E402
 from .provenance import hardware, source, source_lines  # noqa: E402
 from .settings import (  # noqa: E402
     FINAL_MAP_LABEL,
+    RECIPE_REPORT,
     RANDOM_FINAL_MAP_LABEL,
     REPO_ROOT,
     SIMILARITY_FINAL_MAP_LABEL,
@@ -386,7 +387,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
         f"{_recipe_words(settings, payload['learning_rates'])}, k = {settings.tying_interval}; budget U = {settings.max_distinct_blocks} "
         f"distinct blocks for dlt, random and similarity. Hardware: {payload['hardware']}.",
         "",
-        _test_loss_words(settings, bigram) + _best_static_words(settings, best),
+        _test_loss_words(settings, bigram) + _best_static_words(settings, best) + _frozen_recipe_words(settings),
         "",
         f"`{untied_label(settings)}` is conventional training of a model with as many blocks as the budget: the same "
         f"parameters, gradients and optimizer state as a tied model with U distinct blocks. Memory in MiB.",
@@ -465,6 +466,18 @@ def _partial_loop_markdown(settings: BenchSettings, payload: dict) -> str:
                 )
     lines += source_lines(study)
     return "\n".join(lines) + "\n"
+
+
+def _frozen_recipe_words(settings: BenchSettings) -> str:
+    """How a `frozen_recipe` preset's schedule and weight decay were chosen (issue 53, part 2); nothing otherwise."""
+    if not settings.frozen_recipe:
+        return ""
+    chosen = RECIPE_REPORT.relative_to(REPO_ROOT).with_suffix(".md").as_posix()
+    return (
+        f" The schedule and weight decay are the recipe `bench/recipe_report.py` chose ({chosen}): the lowest mean "
+        "validation loss of the looped model and 2 untied blocks on seeds 0-4 of preset `recipe`, among four recipes, "
+        "frozen when this results folder was claimed; the seeds here played no part in the choice."
+    )
 
 
 def _data_words(settings: BenchSettings) -> str:
