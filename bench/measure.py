@@ -143,10 +143,10 @@ def evaluation_coverage(split: str, block_size: int, cap: int | None) -> str:
         return f"{len(works)} held-out plays ({', '.join(titles)})"
     tokenizer, left, shares = load_tokenizer(TOKENIZER), cap * block_size, []
     for title, path in zip(titles, study_files()[split]):
+        if left <= 0:  # the cap ends before this work: nothing of it to tokenize
+            break
         lines = Path(path).read_text(encoding="utf-8").splitlines(keepends=True)
         tokens = sum(len(ids) for ids in tokenizer(lines)["input_ids"])
-        if left <= 0:
-            break
         shares.append(f"{title} ({'all' if left >= tokens else f'its first {left / tokens:.0%}'})")
         left -= tokens
     return f"the first {cap:,} blocks of {block_size} tokens of the held-out plays, {cap * block_size:,} tokens: {', '.join(shares)}"
