@@ -52,10 +52,14 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[i
     waiting = {family: [row.label for row in rows if row.trains_small and row.model_type == family and row.label not in candidates[family]] for family in families}
     summary = {}
     for row in rows:
-        runs, baseline = table[row.label], best_small[row.model_type]
+        runs = table[row.label]
         if not runs:
             continue
-        same_steps = _other(best_small_by_steps[row.model_type][row.steps], row.label)
+        family = candidates[row.model_type]
+        preferred = {"best_small": best_small[row.model_type], "best_small_same_steps": best_small_by_steps[row.model_type][row.steps]}
+        baseline = _one_teacher_baseline(table, row.label, preferred["best_small"], family)
+        same_steps = _one_teacher_baseline(table, row.label, preferred["best_small_same_steps"], [label for label in family if steps_of[label] == row.steps])
+        paired_with = {"best_small": baseline, "best_small_same_steps": same_steps}
         loss, half = interval([run["test_loss"] for run in runs.values()])
         summary[row.label] = {
             "seeds": sorted(runs),
@@ -65,10 +69,13 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[i
             "peak_state_mib": statistics.fmean(run["peak_state_bytes"] for run in runs.values()) / MIB,
             "peak_process_mib": statistics.fmean(run["peak_process_bytes"] for run in runs.values()) / MIB,
             "train_seconds": statistics.fmean(run["train_seconds"] for run in runs.values()),
-            "versus_best_small": _paired(runs, table, _other(baseline, row.label)),
+            "paired_with": paired_with,
+            # the baselines that differ from the family's, the row having read another teacher than it
+            "paired_with_one_teacher": {key: label for key, label in paired_with.items() if label not in (None, preferred[key])},
+            "versus_best_small": _paired(runs, table, baseline),
             "versus_best_small_same_steps": _paired(runs, table, same_steps),
             "export_logit_difference": max((run.get("export_logit_difference", math.nan) for run in runs.values()), default=math.nan),
-            **_accuracy(runs, table, _other(baseline, row.label), same_steps),
+            **_accuracy(runs, table, baseline, same_steps),
         }
     return {
         "best_small": best_small,
@@ -79,17 +86,44 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[i
     }
 
 
-def _other(baseline: str | None, label: str) -> str | None:
-    """The baseline a row is paired with, or None where the row is that baseline itself."""
-    return None if baseline == label else baseline
+def _one_teacher_baseline(table: dict[str, dict[int, dict]], label: str, best: str | None, candidates: list[str]) -> str | None:
+    """The baseline `label` is paired with: `best`, unless the row is `best` itself (None) or read another teacher
+    on a seed they share; then the best of the other `candidates` that share seeds with the row and read its teacher
+    (or none) on each, where one does. The report names the baseline where it is not `best`."""
+    if best is None or best == label:
+        return None
+    runs = table[label]
+    if _one_teacher_on_shared_seeds(runs, table[best]):
+        return best
+    one_teacher = [other for other in candidates if other != label and runs.keys() & table[other].keys() and _one_teacher_on_shared_seeds(runs, table[other])]
+    return _best_small(table, one_teacher) or best
+
+
+def _one_teacher_on_shared_seeds(runs: dict[int, dict], others: dict[int, dict]) -> bool:
+    """Whether, on every seed both have, the two runs read the same teacher or either read none."""
+    return all(_one_teacher(run, others[seed]) for seed, run in runs.items() if seed in others)
 
 
 def _paired(runs: dict[int, dict], table: dict[str, dict[int, dict]], baseline: str | None, key: str = "test_loss") -> dict | None:
-    """`runs` paired by seed with the baseline's runs on `key`; None without a baseline or where it lacks `key` (a
-    row run before accuracy was recorded)."""
+    """`runs` paired by seed with the baseline's runs on `key`, on the seeds where both read one teacher
+    (`_one_teacher`); the seeds left out for reading another are counted in `left_out`. None without a baseline or
+    where it lacks `key` (a row run before accuracy was recorded)."""
     if baseline is None or not all(key in run for run in table[baseline].values()):
         return None
-    return paired_difference(runs, table[baseline], key=key)
+    others = table[baseline]
+    pairable = {seed: run for seed, run in runs.items() if seed in others and _one_teacher(run, others[seed])}
+    left_out = len(runs.keys() & others.keys()) - len(pairable)
+    difference = paired_difference(pairable, others, key=key) or {}
+    return (difference | {"left_out": left_out, "left_out_why": "another teacher"}) if left_out else difference or None
+
+
+def _one_teacher(run: dict, other: dict) -> bool:
+    """Whether two runs of a seed may be paired: either read no teacher, or both read the same one. A teacher is
+    named by its test loss (`teacher_test_loss`): its weights stay out of git, so a seed's teacher is trained again
+    on a fresh machine, and one trained again by later code measures differently (by up to 0.02 nats here); the same
+    teacher, read twice, measures the same to the last digit."""
+    mine, theirs = run.get("teacher_test_loss"), other.get("teacher_test_loss")
+    return mine is None or theirs is None or mine == theirs
 
 
 def _accuracy(runs: dict[int, dict], table: dict[str, dict[int, dict]], baseline: str | None, same_steps: str | None) -> dict:
@@ -206,17 +240,18 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
         "Teacher test loss by seed before uptraining: "
         + ", ".join(f"{family} seed {seed}: {' then '.join(f'{loss:.3f}' for loss in losses)}" for (family, seed), losses in sorted(teachers.items()))
         + (
-            " (two values: the teacher was trained again, its weights being kept out of git; each record names the "
-            "loss of the teacher it read, `teacher_test_loss`)" if any(len(losses) > 1 for losses in teachers.values()) else ""
+            " (more than one value: the teacher was trained again, its weights being kept out of git; each record names "
+            "the loss of the teacher it read, `teacher_test_loss`, and a paired difference leaves out the seeds where "
+            "the row and its baseline read different teachers, saying how many)" if any(len(losses) > 1 for losses in teachers.values()) else ""
         ),
         "",
         "| row | seeds | test loss | vs best small | vs best small, same steps | distinct blocks | state MiB | process MiB | train s | export |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, row in summary["rows"].items():
+        versus = " | ".join(_versus_cell(row, key) for key in ("best_small", "best_small_same_steps"))
         lines.append(
-            f"| {label} | {len(row['seeds'])} | {estimate(row['test_loss'], row['test_loss_half_width'])} | "
-            f"{verdict_cell(row['versus_best_small'])} | {verdict_cell(row['versus_best_small_same_steps'])} | "
+            f"| {label} | {len(row['seeds'])} | {estimate(row['test_loss'], row['test_loss_half_width'])} | {versus} | "
             f"{row['distinct_blocks']} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} | {row['train_seconds']:.0f} | "
             f"{_export_cell(row['export_logit_difference'])} |"
         )
@@ -281,10 +316,18 @@ def _accuracy_lines(rows: dict[str, dict]) -> list[str]:
         "|---|" + "---|" * len(hops) + "---|---|---|",
     ]
     for label, row in measured.items():
-        versus = " | ".join(verdict_cell(row.get(key)) for key in ("accuracy_versus_best_small", "accuracy_versus_best_small_same_steps"))
+        versus = " | ".join(_versus_cell(row, key, prefix="accuracy_") for key in ("best_small", "best_small_same_steps"))
         cells = " | ".join(estimate(*row["accuracy_by_hops"][hop]) for hop in hops)
         lines.append(f"| {label} | {cells} | {estimate(*row['mean_accuracy'])} | {versus} |")
     return lines
+
+
+def _versus_cell(row: dict, key: str, prefix: str = "") -> str:
+    """A paired difference against the baseline `key` names, and that baseline's label where it is not the
+    family's (the row read another teacher than the family's baseline)."""
+    cell = verdict_cell(row.get(f"{prefix}versus_{key}"))
+    substitute = row.get("paired_with_one_teacher", {}).get(key)
+    return f"{cell}, against {substitute} (the family's baseline read another teacher)" if substitute and cell else cell
 
 
 def _export_cell(difference: float) -> str:

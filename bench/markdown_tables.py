@@ -21,7 +21,8 @@ The JSON of a block:
   the path is the row object's text, e.g. `"{versus}"`) or `{"header": h, "text": key}` (the row object's text).
   The first column is the row's name, titled `first`.
 - `format`: `estimate` (a value with its `<path>_half_width` sibling, or a `[mean, half_width]` pair),
-  `difference` (a paired `{mean, half_width}`), `verdict` (the same with its verdict), `seeds` (a list's length),
+  `difference` (a paired `{mean, half_width}`; with `left_out` seeds it could not pair, says so), `verdict` (the
+  same with its verdict), `seeds` (a list's length),
   or a Python format spec (`.1f`); default `str`.
 - `unit`: `MiB` on a column whose values are bytes: each is divided by 2**20 before `format`.
 - `{"table": "settings"}` instead: every setting `TyingTrainingArguments` adds to transformers' own, with the
@@ -142,13 +143,25 @@ def format_value(value, style: str | None, record: dict | None = None, path: str
             half = holder[f"{last}_half_width"]
         return f"{value:.3f}" if half is None or math.isnan(half) else f"{value:.3f} ± {half:.3f}"
     if style in ("difference", "verdict"):
+        if "mean" not in value:
+            return left_out_note(value).strip()
         text = f"{value['mean']:+.3f}"
         if value.get("half_width") is not None and not math.isnan(value["half_width"]):
             text += f" ± {value['half_width']:.3f}"
-        return f"{text} ({value['verdict']})" if style == "verdict" else text
+        return (f"{text} ({value['verdict']})" if style == "verdict" else text) + left_out_note(value)
     if style == "seeds":
         return str(len(value) if isinstance(value, (list, tuple)) else value)
     return format(value, style) if style else str(value)
+
+
+def left_out_note(difference: dict) -> str:
+    """What a paired difference could not pair: `left_out` seeds, for the reason `left_out_why` (e.g. the row and
+    its baseline read different teachers); "" where it paired every seed both have."""
+    if not difference.get("left_out"):
+        return ""
+    if "mean" not in difference:
+        return f" not paired: {difference['left_out_why']} on {difference['left_out']} seeds"
+    return f" [paired on {difference['seeds']} seeds; {difference['left_out_why']} on {difference['left_out']}]"
 
 
 def _settings_table() -> str:

@@ -21,6 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from .markdown_tables import left_out_note  # noqa: E402
 from .measure import evaluation_coverage  # noqa: E402
 from .provenance import hardware, source, source_lines  # noqa: E402
 from .settings import (  # noqa: E402
@@ -340,8 +341,13 @@ def _process_peak_name(runs: list[dict]) -> str:
 
 
 def verdict_cell(difference: dict | None) -> str:
-    """A paired difference with its verdict, e.g. `+0.116 ± 0.051 (higher)`; blank for none."""
-    return f"{_cell(difference)} ({difference['verdict']}{_equivalence_note(difference)})" if difference else ""
+    """A paired difference with its verdict, e.g. `+0.116 ± 0.051 (higher)`, and the seeds it could not pair
+    (`left_out_note`); blank for none."""
+    if not difference:
+        return ""
+    if "mean" not in difference:
+        return left_out_note(difference).strip()
+    return f"{_cell(difference)} ({difference['verdict']}{_equivalence_note(difference)}){left_out_note(difference)}"
 
 
 def write_report(settings: BenchSettings, output: Path, tuning: dict | None = None, report_dir: Path | None = None) -> Path:

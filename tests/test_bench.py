@@ -800,6 +800,54 @@ def test_compress_pairs_each_row_with_the_best_small_overall_and_with_the_best_s
     assert summary["rows"][long]["versus_best_small"] is None and summary["rows"][long]["versus_best_small_same_steps"] is None
 
 
+def test_compress_pairs_only_runs_that_read_one_teacher_and_names_the_baseline_it_pairs_with_instead(tmp_path):
+    """A seed's teacher trained again measures differently, so a row that read it is not paired with a baseline that
+    read the first one: it is paired instead with the best baseline of its steps that read its teacher (or none),
+    and the report names that baseline."""
+    from bench.compress_report import _markdown, summarise
+    from bench.compress_settings import PRESETS as COMPRESS_PRESETS
+    from bench.compress_settings import plan
+
+    rows = {row.label: row for row in plan(COMPRESS_PRESETS["tiny"]) if row.model_type == "tied_gpt2"}
+    converted, distilled = "converted, sequence, mean", "converted, sequence, mean, relaxed r = 8 (svd init), distilled"
+    pruned, short, short_distilled = "teacher pruned to the 2 blocks similarity keeps", "untied 2 blocks from scratch, uptraining steps", "untied 2 blocks from scratch, uptraining steps, distilled"  # fmt: skip
+    first, again = 4.30, 4.28  # the seed's teacher, and the same seed's teacher trained again
+    # label: (test losses by seed, validation loss, teacher); the pruned teacher is the best of the uptraining's steps
+    losses = {converted: ([4.20, 4.30], 4.2, first), pruned: ([4.26, 4.28], 4.25, first), distilled: ([4.10, 4.20], 4.1, again), short: ([4.5, 4.6], 4.5, None), short_distilled: ([4.4, 4.45], 4.4, again)}  # fmt: skip
+    table = {label: {} for label in rows}
+    for label, (tests, validation, teacher) in losses.items():
+        for seed, test in enumerate(tests):
+            table[label][seed] = {"test_loss": test, "validation_loss": validation, "teacher_test_loss": teacher, "distinct_peak": 2, "peak_state_bytes": 1, "peak_process_bytes": 1, "train_seconds": 1, "export_logit_difference": 0.0}  # fmt: skip
+    summary = summarise(list(rows.values()), table)
+
+    assert summary["best_small_by_steps"]["tied_gpt2"]["uptraining steps"] == pruned
+    assert summary["rows"][converted]["versus_best_small_same_steps"]["mean"] == pytest.approx(statistics.fmean([4.20 - 4.26, 4.30 - 4.28]))
+    assert summary["rows"][short]["paired_with"]["best_small_same_steps"] == pruned  # read no teacher: pairs with any
+    row = summary["rows"][distilled]
+    assert row["paired_with"]["best_small_same_steps"] == short_distilled  # the best that read its teacher
+    assert row["versus_best_small_same_steps"]["mean"] == pytest.approx(statistics.fmean([4.10 - 4.4, 4.20 - 4.45]))
+    assert row["paired_with_one_teacher"]["best_small_same_steps"] == short_distilled
+    line = next(line for line in _markdown(COMPRESS_PRESETS["tiny"], summary, []).splitlines() if line.startswith(f"| {distilled} |"))
+    assert f"against {short_distilled} (the family's baseline read another teacher)" in line
+
+
+def test_a_paired_difference_says_how_many_seeds_it_left_out_for_another_teacher():
+    from bench.compress_report import _paired
+    from bench.markdown_tables import format_value
+    from bench.report import verdict_cell
+
+    def runs(teachers, losses):
+        return {seed: {"test_loss": loss, "teacher_test_loss": teacher} for seed, (teacher, loss) in enumerate(zip(teachers, losses))}
+
+    table = {"baseline": runs([4.3, 4.3, 4.3], [4.0, 4.1, 4.2])}
+    partly = _paired(runs([4.3, 4.3, 4.2], [3.9, 4.0, 9.9]), table, "baseline")
+    assert partly["seeds"] == 2 and partly["mean"] == pytest.approx(-0.1) and partly["left_out"] == 1  # seed 2 left out
+    assert verdict_cell(partly).endswith("[paired on 2 seeds; another teacher on 1]")
+    assert format_value(partly, "difference").endswith("[paired on 2 seeds; another teacher on 1]")
+    none = _paired(runs([4.2, 4.2], [3.9, 4.0]), table, "baseline")
+    assert verdict_cell(none) == format_value(none, "verdict") == "not paired: another teacher on 2 seeds"
+
+
 @pytest.mark.parametrize(
     "flags, named",
     [
