@@ -315,7 +315,7 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
         for split in ("validation", "test"):
             result[f"{split}_loss"] = trainer.evaluate(eval_dataset=blocks[split], metric_key_prefix=split)[f"{split}_loss"]
         result["test_tokens"] = len(blocks["test"]) * settings.block_size
-        result.update(model_selection(trainer.state.log_history, trainer.state.global_step, result))
+        result.update(model_selection(trainer.state.log_history, trainer.state.global_step, result, meter.distinct_per_step))
         if settings.task is not None:
             result.update(hop_accuracy(model, blocks))
     if trainer.tying_records:
@@ -341,11 +341,12 @@ def hop_accuracy(model, splits: datasets.DatasetDict) -> dict:
     }
 
 
-def model_selection(log_history: list[dict], final_step: int, final: dict) -> dict:
+def model_selection(log_history: list[dict], final_step: int, final: dict, distinct_per_step: list[int]) -> dict:
     """The paper's model selection from the losses measured during training (`eval_validation_loss` and
     `eval_test_loss` every `eval_interval` steps, as the Trainer logs them) and at the end: the step of the lowest
-    validation loss, the test loss there, and the whole curve. Without evaluations during training the end is the
-    only candidate."""
+    validation loss, the test loss there, the distinct blocks of the map evaluated there (`RunMeter.distinct_per_step`:
+    a moving map's selected model may have another budget than its final one), and the whole curve. Without
+    evaluations during training the end is the only candidate."""
     measured: dict[int, dict] = {}  # the Trainer logs each evaluation dataset's metrics as an entry of its own
     for entry in log_history:
         for split in ("validation", "test"):
@@ -353,10 +354,13 @@ def model_selection(log_history: list[dict], final_step: int, final: dict) -> di
                 measured.setdefault(entry["step"], {"step": entry["step"]})[f"{split}_loss"] = entry[f"eval_{split}_loss"]
     curve = [point for _, point in sorted(measured.items())]
     curve.append({"step": final_step, "validation_loss": final["validation_loss"], "test_loss": final["test_loss"]})
+    for point in curve:  # evaluated after the step's optimizer step, under the map that step trained
+        point["distinct_blocks"] = distinct_per_step[point["step"] - 1]
     best = min(curve, key=lambda point: point["validation_loss"])
     return {
         "best_validation_step": best["step"],
         "test_loss_at_best_validation": best["test_loss"],
+        "distinct_at_best_validation": best["distinct_blocks"],
         "final_test_loss": final["test_loss"],
         "validation_curve": curve,
     }

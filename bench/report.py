@@ -186,11 +186,12 @@ def summarise(table: dict[str, dict[int, dict]], contrasts_of: dict[str, dict[st
     for label, runs in measured.items():
         results = list(runs.values())
         loss, loss_half = interval([run["test_loss"] for run in results])
-        def contrasts(named_baselines) -> list[tuple[str, str]]:
-            """The baselines this row is paired with: measured, not itself, the best static layout only at its budget."""
+        def contrasts(named_baselines, budget: str = "distinct_final") -> list[tuple[str, str]]:
+            """The baselines this row is paired with: measured, not itself, the best static layout only at the
+            budget the row's runs had (`budget`: a record's distinct blocks where its model is judged)."""
             return [
                 (name, other) for name, other in named_baselines
-                if other in measured and other != label and (name != "best static" or _same_final_budget(runs, measured[other]))
+                if other in measured and other != label and (name != "best static" or _same_budget(runs, measured[other], budget))
             ]  # fmt: skip
 
         paired = contrasts(baselines) + [(name, other) for name, other in contrasts_of.get(label, {}).items() if other in measured]
@@ -211,7 +212,7 @@ def summarise(table: dict[str, dict[int, dict]], contrasts_of: dict[str, dict[st
             "positions": statistics.fmean(run["num_blocks"] for run in results),
             "agent_overhead": statistics.fmean(sum(run["tying_seconds"].values()) / run["train_seconds"] for run in results),
             "versus": rows_versus,
-            "selected": _selected(runs, measured, contrasts(selection_baselines)),
+            "selected": _selected(runs, measured, contrasts(selection_baselines, _selected_budget(results))),
             "accuracy": _accuracy(runs, measured, paired),
             "provenance": sorted({source(run) for run in results}),
             "same_runs_as": _same_runs_as(label, measured),
@@ -287,13 +288,21 @@ def _selected(runs: dict[int, dict], measured: dict[str, dict[int, dict]], contr
     }
     steps = statistics.fmean(run["best_validation_step"] for run in runs.values())
     last = statistics.fmean(run["validation_curve"][-1]["step"] for run in runs.values())  # below max_steps if stopped early
-    return {"test_loss": loss, "test_loss_half_width": half, "best_validation_step": steps, "last_step": last, "versus": versus}
+    budget = "selected step" if _selected_budget(list(runs.values())) == "distinct_at_best_validation" else "final map"
+    return {"test_loss": loss, "test_loss_half_width": half, "best_validation_step": steps, "last_step": last, "budget_checked_at": budget, "versus": versus}
 
 
-def _same_final_budget(runs: dict[int, dict], layout: dict[int, dict]) -> bool:
-    """Whether these runs ended with the static layout's number of distinct blocks in every seed (DLT's, for the
-    layouts at its final U): only then is a comparison with it one at the same budget."""
-    return all(seed in layout and run["distinct_final"] == layout[seed]["distinct_final"] for seed, run in runs.items())
+def _same_budget(runs: dict[int, dict], layout: dict[int, dict], budget: str) -> bool:
+    """Whether these runs had the static layout's number of distinct blocks in every seed where they are judged
+    (`budget`: `distinct_final`, or `distinct_at_best_validation` for the selected model): only then is a
+    comparison with it one at the same budget. A static layout's blocks never change."""
+    return all(seed in layout and run[budget] == layout[seed]["distinct_final"] for seed, run in runs.items())
+
+
+def _selected_budget(runs: list[dict]) -> str:
+    """The record field holding the distinct blocks of each run's selected model; the final map's for records made
+    before it was recorded (bench/measure.py `model_selection`), which `_selected`'s `budget_checked_at` says."""
+    return "distinct_at_best_validation" if all("distinct_at_best_validation" in run for run in runs) else "distinct_final"
 
 
 def static_candidates(settings: BenchSettings) -> list[str]:
@@ -592,12 +601,15 @@ def _selection_lines(settings: BenchSettings, payload: dict) -> list[str]:
     if not settings.eval_interval:
         return []
     rows = payload["rows"]
+    checked = sorted({row["selected"].get("budget_checked_at", "final map") for row in rows.values() if row["selected"]})
     lines = [
         "",
         f"Model selection as in the paper: validation and test loss every {settings.eval_interval} steps; each run's "
         "test loss at its lowest validation loss (paired differences as above; best static layout: "
-        f"{_layout_name(payload['best_static_at_best_validation'])}, the lowest in mean best validation loss). Validation curves "
-        "and selected against last-step test losses: validation_over_steps.png.",
+        f"{_layout_name(payload['best_static_at_best_validation'])}, the lowest in mean best validation loss, compared "
+        "only with rows whose selected models had its distinct blocks"
+        + ("" if checked == ["selected step"] else ", counted on the final map where the records do not hold the selected step's")
+        + "). Validation curves and selected against last-step test losses: validation_over_steps.png.",
         "",
         f"| strategy | test loss at best validation | best / last step (mean) | {' | '.join(STUDY_CONTRASTS.values())} | vs dlt |",
         "|---|---|---|" + "---|" * len(STUDY_CONTRASTS) + "---|",

@@ -462,6 +462,32 @@ def test_a_fresh_seed_report_pairs_dlt_with_the_best_layout_at_the_budget(tmp_pa
     assert "- random vs untied U: " in report and "- 0 1 1 1 vs untied U: " in report
 
 
+def test_the_selected_model_is_compared_with_the_best_layout_only_at_the_budget_it_had():
+    """Under the paper's model selection a moving map's model is judged at its best-validation step, where it may
+    have had fewer distinct blocks than at the end: its comparison with the best static layout is at that step's
+    budget, not the final one's."""
+    from bench.report import summarise
+
+    def record(seed: int, distinct_final: int, distinct_selected: int | None) -> dict:
+        selected = {} if distinct_selected is None else {"distinct_at_best_validation": distinct_selected}
+        curve = [{"step": 10, "validation_loss": 1.0, "test_loss": 1.0 + seed / 10}]
+        return {
+            "seed": seed, "test_loss": 1.0, "validation_loss": 1.0, "distinct_final": distinct_final, "distinct_mean": 2, "distinct_peak": 2,
+            "peak_state_bytes": 1, "peak_process_bytes": 1, "train_seconds": 1, "num_blocks": 4, "tying_seconds": {},
+            "validation_curve": curve, "test_loss_at_best_validation": curve[0]["test_loss"], "best_validation_step": 10, **selected,
+        }  # fmt: skip
+
+    layout = {seed: record(seed, 2, 2) for seed in (0, 1)}
+    for selected_blocks, compared in ((2, True), (1, False)):  # at the end both had 2; selected, seed 1 had 1 or 2
+        table = {"sequence @ U": layout, "dlt": {0: record(0, 2, 2), 1: record(1, 2, selected_blocks)}}
+        row = summarise(table, {}, ["sequence @ U"])["rows"]["dlt"]
+        assert "best static" in row["versus"]  # the last step's models: same budget
+        assert ("best static" in row["selected"]["versus"]) is compared
+        assert row["selected"]["budget_checked_at"] == "selected step"
+    before = {"sequence @ U": layout, "dlt": {seed: record(seed, 2, None) for seed in (0, 1)}}  # records before the field
+    assert summarise(before, {}, ["sequence @ U"])["rows"]["dlt"]["selected"]["budget_checked_at"] == "final map"
+
+
 PARTIAL_LOOPS = {  # issue 53: 4 untied blocks, and the same 4 looped over 5, 6 and 8 positions
     "untied, 4 blocks": ("none", 4),
     "loop middle, 5 positions (0 1 1 3 4)": ("static:0,1,1,3,4", 5),
