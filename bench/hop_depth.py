@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.markdown_tables import refresh_markdown  # noqa: E402
-from bench.provenance import provenance, source_lines  # noqa: E402
+from bench.provenance import source_lines  # noqa: E402
 from bench.report import accuracy_summary, estimate, paired_difference, verdict_cell  # noqa: E402
 from bench.scheduling import Job, run_jobs, write_complete  # noqa: E402
 from hf_layertie import resolve_tying_map  # noqa: E402
@@ -112,8 +112,9 @@ def _record(job: Job, returncode: int, failures: list[str], progress) -> None:
         return
     (row, seed), partial = job.payload, job.run_dir / "probe.json"
     probe = json.loads(partial.read_text())
-    # The study's run fields: a fixed map's peak of distinct blocks is its count.
-    record = {"label": row.label, **probe, "num_blocks": row.n_layer, "distinct_peak": probe["distinct_blocks"], **provenance()}
+    # The study's run fields: a fixed map's peak of distinct blocks is its count. The probe took its provenance
+    # when it started.
+    record = {"label": row.label, **probe, "num_blocks": row.n_layer, "distinct_peak": probe["distinct_blocks"]}
     write_complete(job.run_dir / "result.json", record)
     partial.unlink()
     progress.write(f"{row.label} seed {seed}: mean accuracy {record['mean_accuracy']:.3f}")

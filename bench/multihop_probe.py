@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.measure import process_peak_bytes, training_state_bytes  # noqa: E402
+from bench.provenance import provenance  # noqa: E402
 from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, resolve_tying_map  # noqa: E402
 
 from hf_layertie.language_modeling.multihop import HOP_TASKS, evaluate_multihop  # noqa: E402
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--result_file", default=None, help="Write the last evaluation, settings and time as JSON.")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    source = provenance()  # the code this process loaded, not what the tree holds when it ends
 
     config_class, make_datasets, make_tokenizer = HOP_TASKS[args.task_name]
     given = {item.partition("=")[0].strip() for item in args.task.split(",")}
@@ -90,7 +92,7 @@ def main() -> None:
     if args.result_file:
         result = {**vars(args), "tying_map": tying_map, "distinct_blocks": len(set(tying_map)), **scores}
         result.update(train_seconds=time.perf_counter() - started, trainable_parameters=model.parameter_counts().trainable)
-        result.update(peak_state_bytes=peak_state_bytes, peak_process_bytes=process_peak_bytes()[0])
+        result.update(peak_state_bytes=peak_state_bytes, peak_process_bytes=process_peak_bytes()[0], **source)
         Path(args.result_file).write_text(json.dumps(result, indent=2))
 
 
