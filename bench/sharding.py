@@ -14,8 +14,10 @@ blocks (`sequence:8` and `cycle:8`), training a few steps after each:
   full state).
 
 It reports, per rank, the training state held (parameters + gradients + AdamW state, the local shards under
-FSDP2, each shared tensor once), the process's resident high-water mark (`VmHWM`), and the median time of a
-re-tie, side by side with their ratios, into `--output_dir` (`results.json`, `results.md`).
+FSDP2, each shared tensor once; under DDP also its reducer's gradient buckets, which hold a second copy of the
+gradients unless `gradient_as_bucket_view`, sized by DDP's own logging data), the process's resident high-water mark
+(`VmHWM`), and the median time of a re-tie, side by side with their ratios, into `--output_dir` (`results.json`,
+`results.md`).
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def measure(args) -> None:
         for _ in range(args.steps):
             wrapped(input_ids=batch, labels=batch).loss.backward()
             optimizer.step()
-            peak_state = max(peak_state, training_state_bytes(wrapped, optimizer))
+            peak_state = max(peak_state, training_state_bytes(wrapped, optimizer) + ddp_bucket_bytes(wrapped))
             optimizer.zero_grad(set_to_none=False)
 
     train()
@@ -116,6 +118,7 @@ def measure(args) -> None:
         "mode": args.mode,
         "rank": rank,
         "peak_state_bytes": peak_state,
+        "ddp_bucket_bytes": ddp_bucket_bytes(wrapped),  # in peak_state_bytes; 0 under FSDP2
         "peak_process_bytes": resident_high_water_mark(),
         "retie_seconds_median": statistics.median(seconds),
         "retie_seconds": seconds,
@@ -140,6 +143,20 @@ def training_state_bytes(model, optimizer) -> int:
             seen.add(tensor.data_ptr())
             total += tensor.numel() * tensor.element_size()
     return total
+
+
+def ddp_bucket_bytes(wrapped) -> int:
+    """The bytes of a DDP wrapper's gradient buckets (`bucket_sizes` of `_get_ddp_logging_data`, DDP's record of
+    its reducer): the reducer all-reduces gradients in these flat buffers, a copy beside each `.grad` unless
+    `gradient_as_bucket_view` makes the gradients views of them (then counted with the gradients). 0 when not DDP."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(wrapped, DistributedDataParallel):
+        return 0
+    logged = wrapped._get_ddp_logging_data()
+    if logged.get("gradient_as_bucket_view"):
+        return 0
+    return sum(int(size) for size in str(logged["bucket_sizes"]).split(",") if size)
 
 
 def resident_high_water_mark() -> int:

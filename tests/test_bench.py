@@ -1154,3 +1154,23 @@ def test_a_second_scheduler_leaves_a_folder_another_process_is_training_alone(tm
         assert (run_dir / "log.txt").read_text() == f"{job}\n"
     finally:
         _end(first, job)
+
+
+def test_the_sharding_bench_counts_ddp_gradient_buckets_in_the_training_state(tmp_path):
+    """DDP's reducer all-reduces through flat buckets, a second copy of the gradients unless they are views of the
+    buckets: the FSDP2-vs-DDP comparison counts them in DDP's training state, as DDP sizes them."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from bench.sharding import ddp_bucket_bytes
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 4))
+        parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        assert ddp_bucket_bytes(DistributedDataParallel(model)) == parameter_bytes
+        assert ddp_bucket_bytes(DistributedDataParallel(model, gradient_as_bucket_view=True)) == 0  # counted as gradients
+        assert ddp_bucket_bytes(model) == 0
+    finally:
+        dist.destroy_process_group()
