@@ -21,6 +21,7 @@ from .provenance import source_lines  # noqa: E402
 from .report import accuracy_summary, estimate, interval, paired_difference, verdict_cell  # noqa: E402
 
 MIB = 2**20
+COLUMN_NAMES = {"best_small": "vs best small", "best_small_same_steps": "same steps"}  # the report's columns
 
 
 def collect(rows: list[Row], seeds: tuple[int, ...], output: Path) -> dict[str, dict[int, dict]]:
@@ -71,7 +72,8 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[i
             "train_seconds": statistics.fmean(run["train_seconds"] for run in runs.values()),
             "paired_with": paired_with,
             # the baselines that differ from the family's, the row having read another teacher than it
-            "paired_with_one_teacher": {key: label for key, label in paired_with.items() if label not in (None, preferred[key])},
+            "paired_with_one_teacher": (instead := {key: label for key, label in paired_with.items() if label not in (None, preferred[key])}),
+            "paired_instead_with": "; ".join(f"{COLUMN_NAMES[key]}: {label}" for key, label in instead.items()),
             "versus_best_small": _paired(runs, table, baseline),
             "versus_best_small_same_steps": _paired(runs, table, same_steps),
             "export_logit_difference": max((run.get("export_logit_difference", math.nan) for run in runs.values()), default=math.nan),
@@ -87,21 +89,23 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[i
 
 
 def _one_teacher_baseline(table: dict[str, dict[int, dict]], label: str, best: str | None, candidates: list[str]) -> str | None:
-    """The baseline `label` is paired with: `best`, unless the row is `best` itself (None) or read another teacher
-    on a seed they share; then the best of the other `candidates` that share seeds with the row and read its teacher
-    (or none) on each, where one does. The report names the baseline where it is not `best`."""
+    """The baseline `label` is paired with: `best`, unless the row is `best` itself (None) or pairs with it on no
+    seed (`_pairable_seeds`: on each seed they share, one of them read another teacher than the other); then, of the
+    other `candidates`, the best of those it pairs with on the most seeds, where it pairs with any. The report names
+    the baseline where it is not `best`."""
     if best is None or best == label:
         return None
     runs = table[label]
-    if _one_teacher_on_shared_seeds(runs, table[best]):
+    if _pairable_seeds(runs, table[best]):
         return best
-    one_teacher = [other for other in candidates if other != label and runs.keys() & table[other].keys() and _one_teacher_on_shared_seeds(runs, table[other])]
-    return _best_small(table, one_teacher) or best
+    pairs = {other: len(_pairable_seeds(runs, table[other])) for other in candidates if other != label}
+    most = max(pairs.values(), default=0)
+    return _best_small(table, [other for other, count in pairs.items() if count == most]) if most else best
 
 
-def _one_teacher_on_shared_seeds(runs: dict[int, dict], others: dict[int, dict]) -> bool:
-    """Whether, on every seed both have, the two runs read the same teacher or either read none."""
-    return all(_one_teacher(run, others[seed]) for seed, run in runs.items() if seed in others)
+def _pairable_seeds(runs: dict[int, dict], others: dict[int, dict]) -> list[int]:
+    """The seeds both have where the two runs read one teacher (`_one_teacher`)."""
+    return [seed for seed, run in runs.items() if seed in others and _one_teacher(run, others[seed])]
 
 
 def _paired(runs: dict[int, dict], table: dict[str, dict[int, dict]], baseline: str | None, key: str = "test_loss") -> dict | None:
@@ -111,7 +115,7 @@ def _paired(runs: dict[int, dict], table: dict[str, dict[int, dict]], baseline: 
     if baseline is None or not all(key in run for run in table[baseline].values()):
         return None
     others = table[baseline]
-    pairable = {seed: run for seed, run in runs.items() if seed in others and _one_teacher(run, others[seed])}
+    pairable = {seed: runs[seed] for seed in _pairable_seeds(runs, others)}
     left_out = len(runs.keys() & others.keys()) - len(pairable)
     difference = paired_difference(pairable, others, key=key) or {}
     return (difference | {"left_out": left_out, "left_out_why": "another teacher"}) if left_out else difference or None
@@ -121,7 +125,9 @@ def _one_teacher(run: dict, other: dict) -> bool:
     """Whether two runs of a seed may be paired: either read no teacher, or both read the same one. A teacher is
     named by its test loss (`teacher_test_loss`): its weights stay out of git, so a seed's teacher is trained again
     on a fresh machine, and one trained again by later code measures differently (by up to 0.02 nats here); the same
-    teacher, read twice, measures the same to the last digit."""
+    teacher, read twice, measures the same to the last digit. (Records made before the loss-count fix hold their
+    teacher's loss multiplied by 64/63, `bench/correct_loss_count.py`, as the teachers' own files do not; no teacher
+    trained before that fix is left to be read again.)"""
     mine, theirs = run.get("teacher_test_loss"), other.get("teacher_test_loss")
     return mine is None or theirs is None or mine == theirs
 

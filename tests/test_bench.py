@@ -488,6 +488,16 @@ def test_the_selected_model_is_compared_with_the_best_layout_only_at_the_budget_
     assert summarise(before, {}, ["sequence @ U"])["rows"]["dlt"]["selected"]["budget_checked_at"] == "final map"
 
 
+def test_model_selection_records_the_distinct_blocks_of_the_map_each_evaluation_judged():
+    """The Trainer evaluates after a step's `on_step_end`, where `RunMeter` counted that step's map."""
+    from bench.measure import model_selection
+
+    log = [{"step": 2, "eval_validation_loss": 3.0}, {"step": 2, "eval_test_loss": 3.1}, {"step": 4, "eval_validation_loss": 2.0}, {"step": 4, "eval_test_loss": 2.1}]  # fmt: skip
+    selected = model_selection(log, 6, {"validation_loss": 2.5, "test_loss": 2.6}, distinct_per_step=[4, 4, 3, 2, 2, 3])
+    assert [(point["step"], point["distinct_blocks"]) for point in selected["validation_curve"]] == [(2, 4), (4, 2), (6, 3)]
+    assert (selected["best_validation_step"], selected["distinct_at_best_validation"], selected["test_loss_at_best_validation"]) == (4, 2, 2.1)
+
+
 PARTIAL_LOOPS = {  # issue 53: 4 untied blocks, and the same 4 looped over 5, 6 and 8 positions
     "untied, 4 blocks": ("none", 4),
     "loop middle, 5 positions (0 1 1 3 4)": ("static:0,1,1,3,4", 5),
@@ -855,6 +865,14 @@ def test_compress_pairs_only_runs_that_read_one_teacher_and_names_the_baseline_i
     assert row["paired_with_one_teacher"]["best_small_same_steps"] == short_distilled
     line = next(line for line in _markdown(COMPRESS_PRESETS["tiny"], summary, []).splitlines() if line.startswith(f"| {distilled} |"))
     assert f"against {short_distilled} (the family's baseline read another teacher)" in line
+    assert row["paired_instead_with"].endswith(f"same steps: {short_distilled}")
+
+    # A teacher trained again on one seed only: the row keeps the family's baseline on the other, saying so.
+    table[distilled] = {0: table[distilled][0] | {"teacher_test_loss": first}, 1: table[distilled][1]}
+    row = summarise(list(rows.values()), table)["rows"][distilled]
+    assert row["paired_with"]["best_small_same_steps"] == pruned and row["paired_instead_with"] == ""
+    assert row["versus_best_small_same_steps"]["mean"] == pytest.approx(4.10 - 4.26)
+    assert (row["versus_best_small_same_steps"]["seeds"], row["versus_best_small_same_steps"]["left_out"]) == (1, 1)
 
 
 def test_a_paired_difference_says_how_many_seeds_it_left_out_for_another_teacher():
