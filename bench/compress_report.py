@@ -6,6 +6,7 @@ teacher, distilled or not): the best of them all, and the best of those trained 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -61,6 +62,7 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[i
         baseline = _one_teacher_baseline(table, row.label, preferred["best_small"], family)
         same_steps = _one_teacher_baseline(table, row.label, preferred["best_small_same_steps"], [label for label in family if steps_of[label] == row.steps])
         paired_with = {"best_small": baseline, "best_small_same_steps": same_steps}
+        undistilled = _undistilled_twin(row, rows) if row.distill else None
         loss, half = interval([run["test_loss"] for run in runs.values()])
         summary[row.label] = {
             "seeds": sorted(runs),
@@ -76,8 +78,10 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[i
             "paired_instead_with": "; ".join(f"{COLUMN_NAMES[key]}: {label}" for key, label in instead.items()),
             "versus_best_small": _paired(runs, table, baseline),
             "versus_best_small_same_steps": _paired(runs, table, same_steps),
+            # a distilled row minus the same row undistilled, on the seeds where both read one teacher
+            "versus_undistilled": _paired(runs, table, undistilled),
             "export_logit_difference": max((run.get("export_logit_difference", math.nan) for run in runs.values()), default=math.nan),
-            **_accuracy(runs, table, baseline, same_steps),
+            **_accuracy(runs, table, baseline, same_steps, undistilled),
         }
     return {
         "best_small": best_small,
@@ -132,8 +136,15 @@ def _one_teacher(run: dict, other: dict) -> bool:
     return mine is None or theirs is None or mine == theirs
 
 
-def _accuracy(runs: dict[int, dict], table: dict[str, dict[int, dict]], baseline: str | None, same_steps: str | None) -> dict:
-    """On a task: `accuracy_summary`, and the mean's paired differences to the best small rows."""
+def _undistilled_twin(row: Row, rows: list[Row]) -> str | None:
+    """The label of the row that differs from `row` only in not distilling, where the plan has one."""
+    key = dataclasses.replace(row, label="", distill=False)
+    return next((other.label for other in rows if not other.distill and dataclasses.replace(other, label="") == key), None)
+
+
+def _accuracy(runs: dict[int, dict], table: dict[str, dict[int, dict]], baseline: str | None, same_steps: str | None, undistilled: str | None) -> dict:
+    """On a task: `accuracy_summary`, and the mean's paired differences to the best small rows and, for a distilled
+    row, to its undistilled twin."""
     summary = accuracy_summary(runs)
     if summary is None:
         return {}
@@ -142,6 +153,7 @@ def _accuracy(runs: dict[int, dict], table: dict[str, dict[int, dict]], baseline
         "accuracy_by_hops": summary["by_hops"],
         "accuracy_versus_best_small": _paired(runs, table, baseline, key="mean_accuracy"),
         "accuracy_versus_best_small_same_steps": _paired(runs, table, same_steps, key="mean_accuracy"),
+        "accuracy_versus_undistilled": _paired(runs, table, undistilled, key="mean_accuracy"),
     }
 
 
@@ -262,6 +274,7 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
             f"{_export_cell(row['export_logit_difference'])} |"
         )
     lines += _accuracy_lines(summary["rows"])
+    lines += _distillation_lines(summary["rows"])
     lines += source_lines(records) + [""]
     return "\n".join(lines)
 
@@ -334,6 +347,26 @@ def _versus_cell(row: dict, key: str, prefix: str = "") -> str:
     cell = verdict_cell(row.get(f"{prefix}versus_{key}"))
     substitute = row.get("paired_with_one_teacher", {}).get(key)
     return f"{cell}, against {substitute} (the family's baseline read another teacher)" if substitute and cell else cell
+
+
+def _distillation_lines(rows: dict[str, dict]) -> list[str]:
+    """Each distilled row against the same row undistilled, paired on the seeds where both read one teacher."""
+    distilled = {label: row for label, row in rows.items() if row.get("versus_undistilled") is not None}
+    if not distilled:
+        return []
+    on_task = any("accuracy_versus_undistilled" in row for row in distilled.values())
+    lines = [
+        "",
+        "What distillation changed: each distilled row minus the same row undistilled, paired by seed where both read "
+        "one teacher (a distilled row whose twin read another teacher is not paired, and says so):",
+        "",
+        "| row | test loss |" + (" mean accuracy |" if on_task else ""),
+        "|---|---|" + ("---|" if on_task else ""),
+    ]
+    for label, row in distilled.items():
+        cells = [verdict_cell(row["versus_undistilled"])] + ([verdict_cell(row.get("accuracy_versus_undistilled"))] if on_task else [])
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _export_cell(difference: float) -> str:

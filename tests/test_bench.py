@@ -866,6 +866,12 @@ def test_compress_pairs_only_runs_that_read_one_teacher_and_names_the_baseline_i
     line = next(line for line in _markdown(COMPRESS_PRESETS["tiny"], summary, []).splitlines() if line.startswith(f"| {distilled} |"))
     assert f"against {short_distilled} (the family's baseline read another teacher)" in line
     assert row["paired_instead_with"].endswith(f"same steps: {short_distilled}")
+    # Distilled against the same row undistilled: paired where one teacher (or none) was read.
+    assert summary["rows"][short_distilled]["versus_undistilled"]["mean"] == pytest.approx(statistics.fmean([4.4 - 4.5, 4.45 - 4.6]))
+    assert row["versus_undistilled"] is None  # its undistilled twin has not run
+    relaxed = "converted, sequence, mean, relaxed r = 8 (svd init)"
+    twin = summarise(list(rows.values()), table | {relaxed: {seed: run | {"teacher_test_loss": first} for seed, run in table[converted].items()}})
+    assert twin["rows"][distilled]["versus_undistilled"] == {"left_out": 2, "left_out_why": "another teacher"}
 
     # A teacher trained again on one seed only: the row keeps the family's baseline on the other, saying so.
     table[distilled] = {0: table[distilled][0] | {"teacher_test_loss": first}, 1: table[distilled][1]}
