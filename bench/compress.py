@@ -27,8 +27,8 @@ the same path from a plain `LlamaForCausalLM` teacher of the same sizes: the wor
 Distilled (issue 52; rows ending `, distilled`, GPT-2 alone): the same uptraining with knowledge distillation from
 the seed's teacher (`distill_from`, the trainer's default temperature 2 and weight 5/7), for the best conversions
 (`sequence:U` and `similarity:U` mean, without and with relaxed ties at rank 8) and for the untied baselines a user
-would distil instead: the teacher's first U blocks (Minitron-style depth pruning) and U blocks from scratch, on the
-uptraining's steps, and from scratch also on the teacher's and the uptraining's. The report's "best small" is the
+would distil instead: the teacher's first U blocks (Minitron-style depth pruning) and U blocks from scratch, each on
+the uptraining's steps and on the teacher's and the uptraining's. The report's "best small" is the
 best, on validation loss, of the rows that get U untied blocks without tying (`Row.trains_small`: from scratch, or
 cut from the teacher, distilled or not); each row is paired with it, and with the best of those trained for the
 row's own steps (`Row.steps`).

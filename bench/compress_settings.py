@@ -158,9 +158,10 @@ def plan(settings: CompressSettings) -> list[Row]:
 def _distilled_rows(budget: int, smoke_test: bool = False) -> list[Row]:
     """Knowledge distillation from the seed's teacher (issue 52): the best conversions distilled (`sequence` and
     `similarity` with `tie_init mean`, without and with relaxed ties at rank 8), as Relaxed Recursive Transformers
-    uptrain theirs; and the untied baselines a user would distil instead, on the uptraining's steps: the teacher's
-    first blocks (Minitron-style depth pruning) and blocks from scratch, the latter also on the teacher's and the
-    uptraining's steps together. New labels (`, distilled`), so that the rows above keep their folders and records.
+    uptrain theirs; and the untied baselines a user would distil instead, the teacher's first blocks (Minitron-style
+    depth pruning) and blocks from scratch, each on the uptraining's steps and on the teacher's and the uptraining's
+    together (the truncated teacher's longer run last, added after the others had run). New labels (`, distilled`),
+    so that the rows above keep their folders and records.
     A smoke test runs two: a relaxed conversion and the baseline from scratch on the uptraining's steps (a row that
     reads the teacher without starting from it)."""
     strategies = (f"static:sequence:{budget}", f"similarity:{budget}")
@@ -171,6 +172,7 @@ def _distilled_rows(budget: int, smoke_test: bool = False) -> list[Row]:
         Row(f"teacher truncated to its first {budget} blocks, distilled", "truncated", distill=True),
         Row(f"untied {budget} blocks from scratch, uptraining steps, distilled", "scratch", distill=True),
         Row(f"untied {budget} blocks from scratch, teacher + uptraining steps, distilled", "scratch", all_tokens=True, distill=True),
+        Row(f"teacher truncated to its first {budget} blocks, teacher + uptraining steps, distilled", "truncated", all_tokens=True, distill=True),
     ]
     return [rows[2], rows[5]] if smoke_test else rows
 
