@@ -212,7 +212,7 @@ def summarise(table: dict[str, dict[int, dict]], contrasts_of: dict[str, dict[st
             "positions": statistics.fmean(run["num_blocks"] for run in results),
             "agent_overhead": statistics.fmean(sum(run["tying_seconds"].values()) / run["train_seconds"] for run in results),
             "versus": rows_versus,
-            "selected": _selected(runs, measured, contrasts(selection_baselines, _selected_budget(results))),
+            "selected": _selected(runs, measured, contrasts(selection_baselines, budget := _selected_budget(results)), budget),
             "accuracy": _accuracy(runs, measured, paired),
             "provenance": sorted({source(run) for run in results}),
             "same_runs_as": _same_runs_as(label, measured),
@@ -275,9 +275,10 @@ def _accuracy(runs: dict[int, dict], measured: dict[str, dict[int, dict]], paire
     return {**summary, "versus": versus}
 
 
-def _selected(runs: dict[int, dict], measured: dict[str, dict[int, dict]], contrasts: list[tuple[str, str]]) -> dict | None:
+def _selected(runs: dict[int, dict], measured: dict[str, dict[int, dict]], contrasts: list[tuple[str, str]], budget: str) -> dict | None:
     """The paper's model selection: test loss at each run's best-validation step, and its paired differences with
-    the (name, label) baselines of `contrasts` (the best static layout among them the one chosen this way)."""
+    the (name, label) baselines of `contrasts` (the best static layout among them the one chosen this way, at the
+    distinct blocks of the record field `budget`, `_selected_budget`)."""
     if not all("test_loss_at_best_validation" in run for run in runs.values()):
         return None
     loss, half = interval([run["test_loss_at_best_validation"] for run in runs.values()])
@@ -288,8 +289,8 @@ def _selected(runs: dict[int, dict], measured: dict[str, dict[int, dict]], contr
     }
     steps = statistics.fmean(run["best_validation_step"] for run in runs.values())
     last = statistics.fmean(run["validation_curve"][-1]["step"] for run in runs.values())  # below max_steps if stopped early
-    budget = "selected step" if _selected_budget(list(runs.values())) == "distinct_at_best_validation" else "final map"
-    return {"test_loss": loss, "test_loss_half_width": half, "best_validation_step": steps, "last_step": last, "budget_checked_at": budget, "versus": versus}
+    checked_at = "selected step" if budget == "distinct_at_best_validation" else "final map"
+    return {"test_loss": loss, "test_loss_half_width": half, "best_validation_step": steps, "last_step": last, "budget_checked_at": checked_at, "versus": versus}
 
 
 def _same_budget(runs: dict[int, dict], layout: dict[int, dict], budget: str) -> bool:
