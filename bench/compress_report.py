@@ -73,9 +73,8 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[i
             "peak_process_mib": statistics.fmean(run["peak_process_bytes"] for run in runs.values()) / MIB,
             "train_seconds": statistics.fmean(run["train_seconds"] for run in runs.values()),
             "paired_with": paired_with,
-            # the baselines that differ from the family's, the row having read another teacher than it
-            "paired_with_one_teacher": (instead := {key: label for key, label in paired_with.items() if label not in (None, preferred[key])}),
-            "paired_instead_with": "; ".join(f"{COLUMN_NAMES[key]}: {label}" for key, label in instead.items()),
+            # by the report's column: the baselines that differ from the family's, the row having read another teacher
+            "paired_instead_with": {COLUMN_NAMES[key]: label for key, label in paired_with.items() if label not in (None, preferred[key])},
             "versus_best_small": _paired(runs, table, baseline),
             "versus_best_small_same_steps": _paired(runs, table, same_steps),
             # a distilled row minus the same row undistilled, on the seeds where both read one teacher
@@ -189,11 +188,16 @@ def _plot(plan_rows: list[Row], summary: dict, path: Path) -> None:
     """Each row's quality (mean accuracy on a task, else test loss) with its 95% interval, coloured by its training
     state, and across each family's rows its best small row's value, of all and of the uptraining's steps: what beats
     training small at the same memory, and at the same steps.
-    A row of one seed has no interval and says so; its family gets no line (one seed compares nothing)."""
+    A row of one seed has no interval and says so; its family gets no line (one seed compares nothing). A row that
+    read another teacher than its family's baseline is compared with another baseline (`paired_instead_with`), not
+    with the lines, and says so."""
     rows = summary["rows"]
     on_task = all("mean_accuracy" in row for row in rows.values())
     labels = list(rows)
-    names = [label + (" (1 seed)" if len(rows[label]["seeds"]) == 1 else "") for label in labels]
+    names = [
+        label + (" (1 seed)" if len(rows[label]["seeds"]) == 1 else "") + (" (paired with another baseline)" if rows[label].get("paired_instead_with") else "")
+        for label in labels
+    ]
     values = [rows[label]["mean_accuracy"] if on_task else (rows[label]["test_loss"], rows[label]["test_loss_half_width"]) for label in labels]
     states = sorted({round(rows[label]["peak_state_mib"], 2) for label in labels})
     colours = {state: plt.get_cmap("viridis")(index / max(1, len(states) - 1)) for index, state in enumerate(states)}
@@ -345,7 +349,7 @@ def _versus_cell(row: dict, key: str, prefix: str = "") -> str:
     """A paired difference against the baseline `key` names, and that baseline's label where it is not the
     family's (the row read another teacher than the family's baseline)."""
     cell = verdict_cell(row.get(f"{prefix}versus_{key}"))
-    substitute = row.get("paired_with_one_teacher", {}).get(key)
+    substitute = row.get("paired_instead_with", {}).get(COLUMN_NAMES[key])
     return f"{cell}, against {substitute} (the family's baseline read another teacher)" if substitute and cell else cell
 
 

@@ -22,7 +22,7 @@ The JSON of a block:
   The first column is the row's name, titled `first`.
 - `format`: `estimate` (a value with its `<path>_half_width` sibling, or a `[mean, half_width]` pair),
   `difference` (a paired `{mean, half_width}`; with `left_out` seeds it could not pair, says so), `verdict` (the
-  same with its verdict), `seeds` (a list's length),
+  same with its verdict), `seeds` (a list's length), `pairs` (a mapping, as `key: value; ...`),
   or a Python format spec (`.1f`); default `str`.
 - `unit`: `MiB` on a column whose values are bytes: each is divided by 2**20 before `format`.
 - `{"table": "settings"}` instead: every setting `TyingTrainingArguments` adds to transformers' own, with the
@@ -149,6 +149,8 @@ def format_value(value, style: str | None, record: dict | None = None, path: str
         if value.get("half_width") is not None and not math.isnan(value["half_width"]):
             text += f" ± {value['half_width']:.3f}"
         return (f"{text} ({value['verdict']})" if style == "verdict" else text) + left_out_note(value)
+    if style == "pairs":
+        return "; ".join(f"{key}: {item}" for key, item in value.items())
     if style == "seeds":
         return str(len(value) if isinstance(value, (list, tuple)) else value)
     return format(value, style) if style else str(value)

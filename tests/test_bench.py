@@ -862,10 +862,9 @@ def test_compress_pairs_only_runs_that_read_one_teacher_and_names_the_baseline_i
     row = summary["rows"][distilled]
     assert row["paired_with"]["best_small_same_steps"] == short_distilled  # the best that read its teacher
     assert row["versus_best_small_same_steps"]["mean"] == pytest.approx(statistics.fmean([4.10 - 4.4, 4.20 - 4.45]))
-    assert row["paired_with_one_teacher"]["best_small_same_steps"] == short_distilled
+    assert row["paired_instead_with"]["same steps"] == short_distilled
     line = next(line for line in _markdown(COMPRESS_PRESETS["tiny"], summary, []).splitlines() if line.startswith(f"| {distilled} |"))
     assert f"against {short_distilled} (the family's baseline read another teacher)" in line
-    assert row["paired_instead_with"].endswith(f"same steps: {short_distilled}")
     # Distilled against the same row undistilled: paired where one teacher (or none) was read.
     assert summary["rows"][short_distilled]["versus_undistilled"]["mean"] == pytest.approx(statistics.fmean([4.4 - 4.5, 4.45 - 4.6]))
     assert row["versus_undistilled"] is None  # its undistilled twin has not run
@@ -876,7 +875,7 @@ def test_compress_pairs_only_runs_that_read_one_teacher_and_names_the_baseline_i
     # A teacher trained again on one seed only: the row keeps the family's baseline on the other, saying so.
     table[distilled] = {0: table[distilled][0] | {"teacher_test_loss": first}, 1: table[distilled][1]}
     row = summarise(list(rows.values()), table)["rows"][distilled]
-    assert row["paired_with"]["best_small_same_steps"] == pruned and row["paired_instead_with"] == ""
+    assert row["paired_with"]["best_small_same_steps"] == pruned and row["paired_instead_with"] == {}
     assert row["versus_best_small_same_steps"]["mean"] == pytest.approx(4.10 - 4.26)
     assert (row["versus_best_small_same_steps"]["seeds"], row["versus_best_small_same_steps"]["left_out"]) == (1, 1)
 
