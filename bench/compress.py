@@ -1,19 +1,20 @@
 """Compressing a trained model by tying, against the equal-memory alternatives (issue: "Compress a trained model").
 
     python bench/compress.py --preset tiny      # smoke test, about 2 minutes
-    python bench/compress.py                    # the CPU comparison, about 35 minutes per seed on one core
+    python bench/compress.py                    # the CPU comparison, about 40 minutes per seed on one core, and 1.5-2.5 hours more with the distilled rows
     python bench/compress.py --jobs 2           # two runs side by side (a seed's teacher first, then its rows)
     python bench/compress.py --seeds 0,1        # some seeds now, the others later (finished runs are kept)
     python bench/compress.py --preset depth     # the same on k-hop induction, where depth matters (4 blocks to 2)
 
-Per seed: a 12-block GPT-2 (the study's 12 x 64, `bench/settings.py`) is trained conventionally on the study's
-training works (the teacher), then every row trains the same number of uptraining steps on the same batches, with
-at most `distinct_blocks` blocks owning weights (the training memory of a 4-block model), except the teacher
-continued (the ceiling) and the 4-block model trained from scratch for the teacher's and the uptraining's steps
-together (the fair "train small" alternative: as many tokens as the teacher and its conversion saw). Every row is
-a fresh single-threaded process (its peak memory is its own) that writes `result.json` when it finishes; a re-run
-skips finished runs. The report, `bench/reports/compress/results.{json,md}`, pairs each row with the best row of the
-"train small" kind by seed (95% t-intervals).
+Per seed: a GPT-2 of the preset's `n_layer` blocks (by default the study's 12 x 64, `bench/settings.py`) is trained
+conventionally on the preset's data (the teacher), then every row trains the same number of uptraining steps on the
+same batches, with at most `distinct_blocks` blocks owning weights (by default the training memory of a 4-block
+model), except the teacher continued (the ceiling) and the rows marked "teacher + uptraining steps", which train
+for the teacher's and the uptraining's steps together (the fair "train small" alternative: as many tokens as the
+teacher and its conversion saw). Every row is a fresh single-threaded process (its peak memory is its own; the
+`tiny` smoke test forks them instead) that writes `result.json` when it finishes; a re-run skips finished runs. The
+report (`bench/reports/compress/` by default, `compress/depth/` for `--preset depth`: `results.{json,md}`) pairs
+each row with the best row of the "train small" kind by seed (95% t-intervals).
 
 The maps: fixed patterns (`cycle:U`, `sequence:U`), `similarity:U` measured on the loaded teacher (angular
 distance, `hf_layertie.block_similarity`), and DLT started from `sequence:U` under a cap of U, its untied blocks

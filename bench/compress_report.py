@@ -19,9 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .compress_settings import PRESETS, UPTRAINING_STEPS, CompressSettings, Row, row_dir  # noqa: E402
 from .provenance import source_lines  # noqa: E402
-from .report import accuracy_summary, estimate, interval, paired_difference, verdict_cell  # noqa: E402
+from .report import MIB, accuracy_summary, estimate, interval, paired_difference, verdict_cell  # noqa: E402
 
-MIB = 2**20
 COLUMN_NAMES = {"best_small": "vs best small", "best_small_same_steps": "same steps"}  # the report's columns
 
 
@@ -57,10 +56,10 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[i
         runs = table[row.label]
         if not runs:
             continue
-        family = candidates[row.model_type]
+        small_labels = candidates[row.model_type]
         preferred = {"best_small": best_small[row.model_type], "best_small_same_steps": best_small_by_steps[row.model_type][row.steps]}
-        baseline = _one_teacher_baseline(table, row.label, preferred["best_small"], family)
-        same_steps = _one_teacher_baseline(table, row.label, preferred["best_small_same_steps"], [label for label in family if steps_of[label] == row.steps])
+        baseline = _one_teacher_baseline(table, row.label, preferred["best_small"], small_labels)
+        same_steps = _one_teacher_baseline(table, row.label, preferred["best_small_same_steps"], [label for label in small_labels if steps_of[label] == row.steps])
         paired_with = {"best_small": baseline, "best_small_same_steps": same_steps}
         undistilled = _undistilled_twin(row, rows) if row.distill else None
         loss, half = interval([run["test_loss"] for run in runs.values()])
@@ -79,7 +78,7 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[i
             "versus_best_small_same_steps": _paired(runs, table, same_steps),
             # a distilled row minus the same row undistilled, on the seeds where both read one teacher
             "versus_undistilled": _paired(runs, table, undistilled),
-            "export_logit_difference": max((run.get("export_logit_difference", math.nan) for run in runs.values()), default=math.nan),
+            "export_logit_difference": max((run["export_logit_difference"] for run in runs.values() if "export_logit_difference" in run), default=math.nan),
             **_accuracy(runs, table, baseline, same_steps, undistilled),
         }
     return {
@@ -92,15 +91,15 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[i
 
 
 def _one_teacher_baseline(table: dict[str, dict[int, dict]], label: str, best: str | None, candidates: list[str]) -> str | None:
-    """The baseline `label` is paired with: `best`, unless the row is `best` itself (None) or pairs with it on no
-    seed (`_pairable_seeds`: on each seed they share, one of them read another teacher than the other); then, of the
+    """The baseline `label` is paired with: `best`, unless the row is `best` itself (None) or, sharing seeds with it,
+    pairs with it on none (`_pairable_seeds`: on each seed they share, one of them read another teacher); then, of the
     other `candidates`, the best of those it pairs with on the most seeds, where it pairs with any. The report names
     the baseline where it is not `best`."""
     if best is None or best == label:
         return None
     runs = table[label]
-    if _pairable_seeds(runs, table[best]):
-        return best
+    if _pairable_seeds(runs, table[best]) or not runs.keys() & table[best].keys():
+        return best  # paired on the seeds they share, or on none: sharing no seed is no other teacher
     pairs = {other: len(_pairable_seeds(runs, table[other])) for other in candidates if other != label}
     most = max(pairs.values(), default=0)
     return _best_small(table, [other for other, count in pairs.items() if count == most]) if most else best
@@ -229,9 +228,13 @@ def _plot(plan_rows: list[Row], summary: dict, path: Path) -> None:
 
 
 def _command(settings: CompressSettings) -> str:
-    """The command that reruns these settings: the preset they are, or the default one with them spelled out."""
-    name = next((name for name, preset in PRESETS.items() if preset.fingerprint() == settings.fingerprint()), None)
-    return "python bench/compress.py" + ("" if name in (None, "default") else f" --preset {name}")
+    """The command that reruns these settings: the preset they are, with `--task` where they take another task; the
+    settings themselves are spelled out beside it."""
+    for name, preset in PRESETS.items():
+        if dataclasses.replace(preset, task=settings.task).fingerprint() == settings.fingerprint():
+            task = "" if settings.task == preset.task else f" --task '{settings.task}'"
+            return "python bench/compress.py" + ("" if name == "default" else f" --preset {name}") + task
+    return "python bench/compress.py"
 
 
 def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) -> str:
@@ -246,7 +249,8 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
         f"`{_command(settings)}` (settings: {json.dumps(json.loads(settings.fingerprint()))}). GPT-2 of "
         f"{settings.n_layer} x {settings.n_embd} trained {settings.teacher_steps} steps (the teacher), then every row "
         f"{settings.uptrain_steps} uptraining steps of {settings.batch_size} x {settings.block_size} tokens at most "
-        f"{settings.distinct_blocks} blocks owning weights. "
+        f"{settings.distinct_blocks} blocks owning weights (the ceiling keeps all {settings.n_layer}; the rows marked "
+        f"\"teacher + uptraining steps\" train {settings.teacher_steps + settings.uptrain_steps} steps). "
         + (f"Task `{settings.task}`: test loss in nats per labelled token and accuracy on its test split" if settings.task
            else "Test loss in nats per token on the study's four test plays")
         + "; 95% t-intervals over seeds; differences paired by seed against the best small rows of the same family, "
@@ -298,7 +302,7 @@ def _best_small_lines(settings: CompressSettings, summary: dict) -> list[str]:
             lines.append(f"- {name}: none finished yet")
             continue
         others = [other for other in summary["small_candidates"][family] if other != label]
-        waiting = summary.get("small_not_competing", {}).get(family, [])
+        waiting = summary["small_not_competing"][family]
         lines.append(
             f"- {name}: **{label}**"
             + (f", against {'; '.join(others)}" if others else ", the only candidate")

@@ -201,7 +201,7 @@ def _arguments(
 
 
 def _train_teacher(settings: CompressSettings, model_type: str, seed: int, blocks, tokenizer, teacher: Path) -> None:
-    """The 12-block model every conversion of its family starts from, trained conventionally as in the study; saved
+    """The `n_layer`-block model every conversion of its family starts from, trained conventionally as in the study; saved
     as a plain checkpoint with its test loss (written last: a teacher folder with `teacher_result.json` is
     complete)."""
     set_seed(seed)

@@ -97,6 +97,10 @@ class Row:
     seeds: tuple[int, ...] | None = None  # only these of the preset's seeds (None: all)
     distill: bool = False  # knowledge distillation from the seed's teacher
 
+    def __post_init__(self) -> None:
+        if self.start in ("truncated", "pruned") and self.model_type != "tied_gpt2":
+            raise ValueError(f"row {self.label!r}: cutting the teacher down (start {self.start!r}) is built for GPT-2 teachers only, not {self.model_type}")
+
     @property
     def directory(self) -> str:
         return "".join(character if character.isalnum() else "-" for character in self.label).strip("-")
@@ -121,7 +125,8 @@ class Row:
 
 
 def plan(settings: CompressSettings) -> list[Row]:
-    """The rows, teacher first (every conversion reads it)."""
+    """The rows, in the order they run and are reported (a seed's teacher is trained by the first row that reads it,
+    `compress._RowQueue`)."""
     budget = settings.distinct_blocks
     rows = [Row(f"teacher, {settings.n_layer} blocks, continued (ceiling)", "teacher")]
     for pattern in ("cycle", "sequence", "similarity"):

@@ -207,15 +207,18 @@ def stale_blocks(path: Path, root: Path = REPO_ROOT) -> list[str]:
     return [match.group(1) for match in BLOCK.finditer(text) if match.group(2) != render(json.loads(match.group(1)), root)]
 
 
-def refresh_markdown(root: Path = REPO_ROOT) -> list[Path]:
-    """Rewrite every stale generated table from its source, after a report is written; a table whose source lacks a
-    row it names (a study still running) is left as it was, with a warning naming it."""
+def refresh_markdown(root: Path = REPO_ROOT, strict: bool = False) -> list[Path]:
+    """Rewrite every stale generated table from its source. After a report is written (not `strict`), a file with a
+    table that cannot be regenerated (its source lacks a row it names: a study still running) keeps all its tables as
+    they were, with a warning naming the file and the error; `strict` raises that error instead."""
     updated = []
     for path in markdown_files(root):
         text = path.read_text()
         try:
             new = refreshed(text, root)
         except (ValueError, FileNotFoundError) as error:
+            if strict:
+                raise
             print(f"warning: {path.relative_to(root)}: tables left as they were: {error}")
             continue
         if new != text:
@@ -230,10 +233,7 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="Change nothing; fail naming each stale block.")
     args = parser.parse_args()
     if not args.check:
-        for path in markdown_files():  # errors name the file, the row and the path
-            if (text := path.read_text()) != (new := refreshed(text)):
-                path.write_text(new)
-                print(f"updated {path.relative_to(REPO_ROOT)}")
+        refresh_markdown(strict=True)  # errors name the file, the row and the path
         return
     stale = [f"{path.relative_to(REPO_ROOT)}: {spec}" for path in markdown_files() for spec in stale_blocks(path)]
     if stale:

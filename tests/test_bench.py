@@ -879,6 +879,13 @@ def test_compress_pairs_only_runs_that_read_one_teacher_and_names_the_baseline_i
     assert row["versus_best_small_same_steps"]["mean"] == pytest.approx(4.10 - 4.26)
     assert (row["versus_best_small_same_steps"]["seeds"], row["versus_best_small_same_steps"]["left_out"]) == (1, 1)
 
+    # A row sharing no seed with the family's baseline read no other teacher: it keeps that baseline, unpaired,
+    # though another baseline has its seed.
+    table[distilled], table[short] = {2: table[distilled][0]}, table[short] | {2: table[short][0]}
+    row = summarise(list(rows.values()), table)["rows"][distilled]
+    assert row["paired_with"]["best_small_same_steps"] == pruned and row["paired_instead_with"] == {}
+    assert row["versus_best_small_same_steps"] is None
+
 
 def test_a_paired_difference_says_how_many_seeds_it_left_out_for_another_teacher():
     from bench.compress_report import _paired
