@@ -26,9 +26,9 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.markdown_tables import refresh_markdown  # noqa: E402
+from bench.markdown_tables import estimate, refresh_markdown  # noqa: E402
 from bench.provenance import source_lines  # noqa: E402
-from bench.report import accuracy_summary, estimate, paired_difference, verdict_cell  # noqa: E402
+from bench.report import accuracy_summary, paired_difference, verdict_cell  # noqa: E402
 from bench.scheduling import Job, run_jobs, write_complete  # noqa: E402
 from hf_layertie import resolve_tying_map  # noqa: E402
 from bench.settings import REPO_ROOT, parse_integers  # noqa: E402

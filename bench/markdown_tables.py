@@ -141,19 +141,23 @@ def format_value(value, style: str | None, record: dict | None = None, path: str
             if f"{last}_half_width" not in holder:
                 raise ValueError(f"generated table: {path!r} has no {path}_half_width beside it for `estimate`")
             half = holder[f"{last}_half_width"]
-        return f"{value:.3f}" if half is None or math.isnan(half) else f"{value:.3f} ± {half:.3f}"
+        return estimate(value, half)
     if style in ("difference", "verdict"):
         if "mean" not in value:
             return left_out_note(value).strip()
-        text = f"{value['mean']:+.3f}"
-        if value.get("half_width") is not None and not math.isnan(value["half_width"]):
-            text += f" ± {value['half_width']:.3f}"
+        text = estimate(value["mean"], value.get("half_width"), signed=True)
         return (f"{text} ({value['verdict']})" if style == "verdict" else text) + left_out_note(value)
     if style == "pairs":
         return "; ".join(f"{key}: {item}" for key, item in value.items())
     if style == "seeds":
         return str(len(value) if isinstance(value, (list, tuple)) else value)
     return format(value, style) if style else str(value)
+
+
+def estimate(mean: float, half_width: float | None, signed: bool = False) -> str:
+    """`mean ± half-width` to 3 decimals; the mean alone where one seed gives no interval (None or NaN)."""
+    value = f"{mean:+.3f}" if signed else f"{mean:.3f}"
+    return value if half_width is None or math.isnan(half_width) else f"{value} ± {half_width:.3f}"
 
 
 def left_out_note(difference: dict) -> str:

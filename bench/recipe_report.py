@@ -34,9 +34,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.markdown_tables import refresh_markdown  # noqa: E402
+from bench.markdown_tables import estimate, refresh_markdown  # noqa: E402
 from bench.provenance import source_lines  # noqa: E402
-from bench.report import estimate, interval, load_result  # noqa: E402
+from bench.report import interval, load_result  # noqa: E402
 from bench.settings import PRESETS, RECIPE_FIRST, RECIPE_REPORT, folder_recipe, recipe_runs, untied_label  # noqa: E402
 
 CHOICE_SEEDS = (0, 1, 2, 3, 4)  # the issue: a recipe is chosen on seeds 0-4, then frozen for fresh seeds 5-14

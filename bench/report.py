@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from .markdown_tables import left_out_note  # noqa: E402
+from .markdown_tables import estimate, left_out_note  # noqa: E402
 from .measure import evaluation_coverage  # noqa: E402
 from .provenance import hardware, source, source_lines  # noqa: E402
 from .settings import (  # noqa: E402
@@ -311,12 +311,6 @@ def static_candidates(settings: BenchSettings) -> list[str]:
     the recipe presets, which queue no followers, those at the budget itself."""
     where = "U" if settings.recipe_rows else "final U"
     return [f"{layout} @ {where}" for layout in STATIC_LAYOUTS]
-
-
-def estimate(mean: float, half_width: float, signed: bool = False) -> str:
-    """`mean ± half-width` to 3 decimals; the mean alone where one seed gives no interval."""
-    value = f"{mean:+.3f}" if signed else f"{mean:.3f}"
-    return value if math.isnan(half_width) else f"{value} ± {half_width:.3f}"
 
 
 def _seeds(count: int) -> str:
