@@ -174,6 +174,8 @@ def _best_small(table: dict[str, dict[int, dict]], candidates: list[str]) -> str
 
 
 def write_report(settings: CompressSettings, rows: list[Row], output: Path, report_dir: Path) -> Path:
+    """results.json (the summary and every record), results.md and results.png of the finished runs in `output`, into
+    `report_dir`; returns the Markdown's path."""
     table = collect(rows, settings.seeds, output)
     summary = summarise(rows, table, settings.seeds)
     records = [run for label in table for run in table[label].values()]

@@ -175,7 +175,16 @@ def _distill_record(args: TyingTrainingArguments, teacher: Path, results: Path) 
 
 
 def _arguments(
-    settings: CompressSettings, output_dir: Path, seed: int, *, steps, learning_rate, warmup_steps, data_seed, tying, distill_from=None
+    settings: CompressSettings,
+    output_dir: Path,
+    seed: int,
+    *,
+    steps: int,
+    learning_rate: float,
+    warmup_steps: int,
+    data_seed: int,
+    tying: dict,
+    distill_from: str | None = None,
 ) -> TyingTrainingArguments:
     return TyingTrainingArguments(
         output_dir=str(output_dir),
