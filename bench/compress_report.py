@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from .compress_settings import PRESETS, UPTRAINING_STEPS, CompressSettings, Row, row_dir  # noqa: E402
 from .provenance import source_lines  # noqa: E402
 from .markdown_tables import estimate  # noqa: E402
-from .report import MIB, accuracy_summary, interval, paired_difference, verdict_cell  # noqa: E402
+from .report import MIB, accuracy_summary, interval, paired_difference, process_peak_name, verdict_cell  # noqa: E402
 
 COLUMN_NAMES = {"best_small": "vs best small", "best_small_same_steps": "same steps"}  # the report's columns
 
@@ -259,7 +259,7 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
         + "; 95% t-intervals over seeds; differences paired by seed against the best small rows of the same family, "
         "of all and of the row's own steps (below). "
         + _distill_words(records)
-        + "Memory in MiB: training state (parameters, gradients, AdamW state) and the process peak (VmHWM). "
+        + f"Memory in MiB: training state (parameters, gradients, AdamW state) and the process's {process_peak_name(records)}. "
         + ("" if settings.task else "Llama rows: the same path from a plain `LlamaForCausalLM` teacher, seed 0 alone "
            "(the workflow, not a comparison). ")
         + "Export: the largest logit difference between the trained model and its `to_untied()` export "

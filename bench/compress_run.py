@@ -50,16 +50,7 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
         _train_teacher(settings, row.model_type, seed, blocks, tokenizer, teacher)
 
     set_seed(seed)
-    teacher_blocks = None  # which of the teacher's blocks the model starts from, when it keeps only some
-    if row.start == "teacher":
-        model = load_model(row.model_type, tokenizer, str(teacher))
-    elif row.start == "truncated":
-        model = TiedGPT2LMHeadModel.from_pretrained(teacher, n_layer=settings.distinct_blocks)
-        teacher_blocks = list(range(settings.distinct_blocks))
-    elif row.start == "pruned":
-        model, teacher_blocks = _pruned_teacher(teacher, settings.distinct_blocks, blocks["train"])
-    else:
-        model = _new_model(settings, row.model_type, settings.distinct_blocks, tokenizer)
+    model, teacher_blocks = _starting_model(settings, row, teacher, tokenizer, blocks["train"])
     scratch = row.start == "scratch"
     steps = settings.uptrain_steps + (settings.teacher_steps if row.all_tokens else 0)
     args = _arguments(
@@ -115,6 +106,18 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
         "export_logit_difference": _export_logit_difference(model, blocks["test"], run_dir / "export"),
         **accuracy,
     }
+
+
+def _starting_model(settings: CompressSettings, row: Row, teacher: Path, tokenizer, train) -> tuple:
+    """The model `row` starts from (`Row.start`), and which of the teacher's blocks it keeps where it keeps only some
+    (None otherwise)."""
+    if row.start == "teacher":
+        return load_model(row.model_type, tokenizer, str(teacher)), None
+    if row.start == "truncated":
+        return TiedGPT2LMHeadModel.from_pretrained(teacher, n_layer=settings.distinct_blocks), list(range(settings.distinct_blocks))
+    if row.start == "pruned":
+        return _pruned_teacher(teacher, settings.distinct_blocks, train)
+    return _new_model(settings, row.model_type, settings.distinct_blocks, tokenizer), None
 
 
 def _new_model(settings: CompressSettings, model_type: str, num_blocks: int, tokenizer):

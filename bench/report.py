@@ -339,7 +339,7 @@ def _cell(difference: dict | None) -> str:
 PROCESS_PEAK_NAMES = {"cuda_max_memory_allocated": "peak CUDA allocated", "cpu_vm_hwm": "peak RSS", "cpu_max_rss_bytes_macos": "peak RSS"}
 
 
-def _process_peak_name(runs: list[dict]) -> str:
+def process_peak_name(runs: list[dict]) -> str:
     """What the process-peak column measured: the resident set on a CPU, allocated CUDA memory on a GPU."""
     return " / ".join(sorted({PROCESS_PEAK_NAMES[run["peak_process_kind"]] for run in runs})) or "peak RSS"
 
@@ -403,7 +403,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
         f"parameters, gradients and optimizer state as a tied model with U distinct blocks. Memory in MiB.",
         "",
         f"| strategy | seeds | test loss | ppl | distinct final / mean / peak | {' | '.join(STUDY_CONTRASTS.values())} | peak state MiB | "
-        + _process_peak_name(study) + " MiB | train s | agent time |",
+        + process_peak_name(study) + " MiB | train s | agent time |",
         "|---|---|---|---|---|" + "---|" * len(STUDY_CONTRASTS) + "---|---|---|---|",
     ]
     for label, row in rows.items():
@@ -725,7 +725,7 @@ def _memory_lines(summary: dict[str, dict], memory: list[dict]) -> list[str]:
         return []
     per_mode = (
         ("state MiB", "peak_state_mib", ".1f"), ("state / none", "state_over_none", ".3f"),
-        (f"{_process_peak_name(memory)} MiB", "peak_process_mib", ".0f"), ("peak / none", "process_over_none", ".3f"),
+        (f"{process_peak_name(memory)} MiB", "peak_process_mib", ".0f"), ("peak / none", "process_over_none", ".3f"),
     )  # fmt: skip
     columns = [("distinct peak", "distinct_peak", "d")]
     columns += [(title + mode, key + suffix, style) for suffix, mode in (("", ""), (CHECKPOINTING_SUFFIX, ", checkpointing")) for title, key, style in per_mode]
@@ -845,7 +845,7 @@ def _plot_validation(settings: BenchSettings, summary: dict, table: dict[str, di
 def _plot_memory(memory: list[dict], path: Path) -> None:
     """Training state and process peak against depth, for conventional training and DLT under its cap, without
     gradient checkpointing and, dashed, with it (log scale)."""
-    peak = _process_peak_name(memory)
+    peak = process_peak_name(memory)
     figure, axes = plt.subplots(figsize=(9, 4.5))
     for strategy, marker, colour in (("none", "o", "black"), ("dlt", "s", "tab:red")):
         for checkpointing, state_style, peak_style in ((False, "-", ":"), (True, "--", "-.")):
