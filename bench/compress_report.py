@@ -68,7 +68,7 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[i
             "seeds": sorted(runs),
             "test_loss": loss,
             "test_loss_half_width": half,
-            "distinct_blocks": max(run["distinct_peak"] for run in runs.values()),
+            "distinct_peak": max(run["distinct_peak"] for run in runs.values()),
             "peak_state_mib": statistics.fmean(run["peak_state_bytes"] for run in runs.values()) / MIB,
             "peak_process_mib": statistics.fmean(run["peak_process_bytes"] for run in runs.values()) / MIB,
             "train_seconds": statistics.fmean(run["train_seconds"] for run in runs.values()),
@@ -275,14 +275,14 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
             "the row and its baseline read different teachers, saying how many)" if any(len(losses) > 1 for losses in teachers.values()) else ""
         ),
         "",
-        "| row | seeds | test loss | vs best small | vs best small, same steps | distinct blocks | state MiB | process MiB | train s | export |",
+        "| row | seeds | test loss | vs best small | vs best small, same steps | distinct blocks, peak | state MiB | process MiB | train s | export |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, row in summary["rows"].items():
         versus = " | ".join(_versus_cell(row, key) for key in ("best_small", "best_small_same_steps"))
         lines.append(
             f"| {label} | {len(row['seeds'])} | {estimate(row['test_loss'], row['test_loss_half_width'])} | {versus} | "
-            f"{row['distinct_blocks']} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} | {row['train_seconds']:.0f} | "
+            f"{row['distinct_peak']} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} | {row['train_seconds']:.0f} | "
             f"{_export_cell(row['export_logit_difference'])} |"
         )
     lines += _accuracy_lines(summary["rows"])
