@@ -1,7 +1,7 @@
 """Compressing a trained model by tying, against the equal-memory alternatives (issue: "Compress a trained model").
 
-    python bench/compress.py --preset tiny      # smoke test, about 2 minutes
-    python bench/compress.py                    # the CPU comparison, about 40 minutes per seed on one core, and 1.5-2.5 hours more with the distilled rows
+    python bench/compress.py --preset tiny      # smoke test, about 4 minutes
+    python bench/compress.py                    # the CPU comparison, about 45-50 minutes per seed on one core, and 1.5-2.5 hours more with the distilled rows
     python bench/compress.py --jobs 2           # two runs side by side (a seed's teacher first, then its rows)
     python bench/compress.py --seeds 0,1        # some seeds now, the others later (finished runs are kept)
     python bench/compress.py --preset depth     # the same on k-hop induction, where depth matters (4 blocks to 2)

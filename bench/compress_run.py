@@ -15,7 +15,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import AutoModelForCausalLM, default_data_collator, set_seed
+from transformers import AutoModelForCausalLM, PreTrainedModel, default_data_collator, set_seed
 
 from hf_layertie import TiedGPT2LMHeadModel
 from hf_layertie.block_similarity import block_angular_distances, similarity_tying_map
@@ -108,7 +108,7 @@ def run_row(settings: CompressSettings, row: Row, seed: int, run_dir: Path, seed
     }
 
 
-def _starting_model(settings: CompressSettings, row: Row, teacher: Path, tokenizer, train) -> tuple:
+def _starting_model(settings: CompressSettings, row: Row, teacher: Path, tokenizer, train) -> tuple[PreTrainedModel, list[int] | None]:
     """The model `row` starts from (`Row.start`), and which of the teacher's blocks it keeps where it keeps only some
     (None otherwise)."""
     if row.start == "teacher":

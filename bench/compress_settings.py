@@ -125,8 +125,8 @@ class Row:
 
 
 def plan(settings: CompressSettings) -> list[Row]:
-    """The rows, in the order they run and are reported (a seed's teacher is trained by the first row that reads it,
-    `compress._RowQueue`)."""
+    """The rows, in the order they are queued and reported (a seed's teacher is trained by the first row that reads
+    it, and rows that need no teacher may start while others wait for it: `compress._RowQueue`)."""
     budget = settings.distinct_blocks
     rows = [Row(f"teacher, {settings.n_layer} blocks, continued (ceiling)", "teacher")]
     for pattern in ("cycle", "sequence", "similarity"):

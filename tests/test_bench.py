@@ -887,6 +887,27 @@ def test_compress_pairs_only_runs_that_read_one_teacher_and_names_the_baseline_i
     assert row["versus_best_small_same_steps"] is None
 
 
+def test_compress_report_names_its_command_refuses_cutting_other_families_and_keeps_the_largest_export_difference():
+    """The report's command reruns its settings (`--task` included); a teacher of another family than GPT-2 is not
+    cut down; the export column holds the largest difference measured, whatever order the seeds come in."""
+    from bench.compress_report import _command, summarise
+    from bench.compress_settings import PRESETS as COMPRESS_PRESETS
+    from bench.compress_settings import Row, plan
+
+    assert _command(COMPRESS_PRESETS["depth"]) == "python bench/compress.py --preset depth"
+    task = "hop_induction:length=16,max_hops=2"
+    assert _command(dataclasses.replace(COMPRESS_PRESETS["tiny"], task=task)) == f"python bench/compress.py --preset tiny --task '{task}'"
+    with pytest.raises(ValueError, match="row 'cut'.*tied_llama"):
+        Row("cut", "truncated", model_type="tied_llama")
+
+    rows = [row for row in plan(COMPRESS_PRESETS["tiny"]) if row.model_type == "tied_gpt2"]
+    run = {"test_loss": 4.0, "validation_loss": 4.0, "teacher_test_loss": None, "distinct_peak": 2, "peak_state_bytes": 1, "peak_process_bytes": 1, "train_seconds": 1}  # fmt: skip
+    for measured_first in (True, False):
+        runs = [run | {"export_logit_difference": 0.5}, dict(run)]  # the second recorded before the column existed
+        table = {row.label: dict(enumerate(runs if measured_first else runs[::-1])) for row in rows}
+        assert all(row["export_logit_difference"] == 0.5 for row in summarise(rows, table)["rows"].values())
+
+
 def test_a_paired_difference_says_how_many_seeds_it_left_out_for_another_teacher():
     from bench.compress_report import _paired
     from bench.markdown_tables import format_value
