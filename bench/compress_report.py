@@ -19,8 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .compress_settings import PRESETS, UPTRAINING_STEPS, CompressSettings, Row, row_dir  # noqa: E402
 from .provenance import source_lines  # noqa: E402
-from .markdown_tables import estimate  # noqa: E402
-from .report import MIB, accuracy_summary, interval, paired_difference, process_peak_name, verdict_cell  # noqa: E402
+from .markdown_tables import MIB, estimate  # noqa: E402
+from .report import accuracy_summary, interval, paired_difference, process_peak_name, verdict_cell  # noqa: E402
 
 COLUMN_NAMES = {"best_small": "vs best small", "best_small_same_steps": "same steps"}  # the report's columns
 

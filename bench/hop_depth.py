@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.markdown_tables import estimate, refresh_markdown  # noqa: E402
+from bench.markdown_tables import MIB, estimate, refresh_markdown  # noqa: E402
 from bench.provenance import source_lines  # noqa: E402
 from bench.report import accuracy_summary, paired_difference, verdict_cell  # noqa: E402
 from bench.scheduling import Job, run_jobs, write_complete  # noqa: E402
@@ -192,7 +192,7 @@ def _markdown(summary: dict, hops: list[str], pairs: dict, records: list[dict]) 
         cell = verdict_cell(difference)
         lines.append(
             f"| {label} | {len(row['seeds'])} | {row['distinct_blocks']} | {row['trainable_parameters']:,} | "
-            + " | ".join(cells) + f" | {estimate(*row['mean_accuracy'])} | {cell} | {row['peak_state_bytes'] / 2**20:.2f} | {row['train_seconds']:.0f} |"
+            + " | ".join(cells) + f" | {estimate(*row['mean_accuracy'])} | {cell} | {row['peak_state_bytes'] / MIB:.2f} | {row['train_seconds']:.0f} |"
         )
     lines += ["", "Paired differences against the budget, per hop count (accuracy points):", ""]
     for label, row in summary.items():

@@ -43,7 +43,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
-UNITS = {"MiB": 2**20}  # a column's `unit`: what its values, in bytes, are divided by
+MIB = 2**20
+UNITS = {"MiB": MIB}  # a column's `unit`: what its values, in bytes, are divided by
 BLOCK = re.compile(r"^<!-- generated (\{[^\n]*\}) -->\n(.*?)^<!-- end generated -->$", re.MULTILINE | re.DOTALL)
 # Folders whose Markdown is not the repository's own: run outputs, caches, the records of the study.
 SKIPPED_FOLDERS = {".git", "outputs", "bench/results", "build", "dist", ".pytest_cache"}
@@ -142,11 +143,12 @@ def format_value(value, style: str | None, record: dict | None = None, path: str
                 raise ValueError(f"generated table: {path!r} has no {path}_half_width beside it for `estimate`")
             half = holder[f"{last}_half_width"]
         return estimate(value, half)
-    if style in ("difference", "verdict"):
+    if style == "verdict":
+        return verdict_cell(value)
+    if style == "difference":
         if "mean" not in value:
             return left_out_note(value).strip()
-        text = estimate(value["mean"], value.get("half_width"), signed=True)
-        return (f"{text} ({value['verdict']})" if style == "verdict" else text) + left_out_note(value)
+        return estimate(value["mean"], value.get("half_width"), signed=True) + left_out_note(value)
     if style == "pairs":
         return "; ".join(f"{key}: {item}" for key, item in value.items())
     if style == "seeds":
@@ -158,6 +160,17 @@ def estimate(mean: float, half_width: float | None, signed: bool = False) -> str
     """`mean ± half-width` to 3 decimals; the mean alone where one seed gives no interval (None or NaN)."""
     value = f"{mean:+.3f}" if signed else f"{mean:.3f}"
     return value if half_width is None or math.isnan(half_width) else f"{value} ± {half_width:.3f}"
+
+
+def verdict_cell(difference: dict | None, qualifier: str = "") -> str:
+    """A paired difference with its verdict, e.g. `+0.116 ± 0.051 (higher)`, `qualifier` after the verdict in its
+    brackets, and the seeds it could not pair (`left_out_note`); blank for none."""
+    if not difference:
+        return ""
+    if "mean" not in difference:
+        return left_out_note(difference).strip()
+    text = estimate(difference["mean"], difference.get("half_width"), signed=True)
+    return f"{text} ({difference['verdict']}{qualifier}){left_out_note(difference)}"
 
 
 def left_out_note(difference: dict) -> str:

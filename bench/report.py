@@ -21,7 +21,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from .markdown_tables import estimate, left_out_note  # noqa: E402
+from .markdown_tables import MIB, estimate  # noqa: E402
+from .markdown_tables import verdict_cell as _plain_verdict_cell  # noqa: E402
 from .measure import evaluation_coverage  # noqa: E402
 from .provenance import hardware, source, source_lines  # noqa: E402
 from .settings import (  # noqa: E402
@@ -43,7 +44,6 @@ from .settings import (  # noqa: E402
     untied_label,
 )
 
-MIB = 2**20
 
 
 def load_result(run_dir: Path) -> dict:
@@ -345,13 +345,9 @@ def process_peak_name(runs: list[dict]) -> str:
 
 
 def verdict_cell(difference: dict | None) -> str:
-    """A paired difference with its verdict, e.g. `+0.116 ± 0.051 (higher)`, and the seeds it could not pair
-    (`left_out_note`); blank for none."""
-    if not difference:
-        return ""
-    if "mean" not in difference:
-        return left_out_note(difference).strip()
-    return f"{_cell(difference)} ({difference['verdict']}{_equivalence_note(difference)}){left_out_note(difference)}"
+    """`markdown_tables.verdict_cell` with, after "no difference detected" in loss, whether the difference is shown
+    to lie within the equivalence margin."""
+    return _plain_verdict_cell(difference, _equivalence_note(difference or {}))
 
 
 def write_report(settings: BenchSettings, output: Path, tuning: dict | None = None, report_dir: Path | None = None) -> Path:
@@ -576,7 +572,7 @@ def _verdict_lines(settings: BenchSettings, rows: dict[str, dict], differences, 
 
 
 def _equivalence_note(difference: dict) -> str:
-    if difference["verdict"] != "no difference detected" or "equivalent_within_margin" not in difference:
+    if difference.get("verdict") != "no difference detected" or "equivalent_within_margin" not in difference:
         return ""
     shown = "shown" if difference["equivalent_within_margin"] else "not shown"
     return f"; {shown} to be within ±{EQUIVALENCE_MARGIN} nats"
