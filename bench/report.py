@@ -445,7 +445,8 @@ def _partial_loop_markdown(settings: BenchSettings, payload: dict) -> str:
         f"position names the first position with its weights). Hardware: {payload['hardware']}.",
         "",
         _test_loss_words(settings, bigram)
-        + "s per step: training seconds over optimizer steps, mean over seeds (it depends on the machine's load).",
+        + "s per step: training seconds over optimizer steps, mean over seeds (it counts whatever else the machine ran "
+        "meanwhile; `python bench/step_time.py` times the layouts side by side, into step_time.md beside this report).",
         "",
         f"| layout | seeds | test loss | {' | '.join(LOOP_CONTRASTS.values())} | positions | peak state MiB | train s | s per step |",
         "|---|---|---|" + "---|" * len(LOOP_CONTRASTS) + "---|---|---|---|",

@@ -35,7 +35,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 MODES = ("ddp", "fsdp")
 
-from bench.markdown_tables import refresh_markdown  # noqa: E402
+from bench.markdown_tables import MIB, refresh_markdown  # noqa: E402
 
 
 def main() -> None:
@@ -168,11 +168,10 @@ def resident_high_water_mark() -> int:
 
 
 def write_report(args, runs: dict, output_dir: Path) -> None:
-    mib = 2**20
     rows = {
         mode: {
-            "peak_state_mib_per_rank": max(run["peak_state_bytes"] for run in ranks) / mib,
-            "peak_process_mib_per_rank": max(run["peak_process_bytes"] for run in ranks) / mib,
+            "peak_state_mib_per_rank": max(run["peak_state_bytes"] for run in ranks) / MIB,
+            "peak_process_mib_per_rank": max(run["peak_process_bytes"] for run in ranks) / MIB,
             "retie_ms_median": 1000 * max(run["retie_seconds_median"] for run in ranks),
         }
         for mode, ranks in runs.items()

@@ -1225,3 +1225,27 @@ def test_the_sharding_bench_counts_ddp_gradient_buckets_in_the_training_state(tm
         assert ddp_bucket_bytes(model) == 0
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_step_time_times_every_loop_of_a_partial_preset_under_its_own_map_against_untied_in_the_same_round():
+    """bench/step_time.py: each layout the preset trains is timed with its own map through the study's path, and its
+    ratio is to the untied blocks timed in the same round, the median over rounds."""
+    from bench.settings import partial_loop_runs
+    from bench.step_time import StepTimeArguments, markdown, measure
+
+    task = "hop_induction:length=16,max_hops=2,train_examples=200,eval_examples=40"
+    settings = dataclasses.replace(PRESETS["partial-depth"], task=task, block_size=18, n_embd=32, n_head=2, batch_size=2)
+    payload = measure(settings, StepTimeArguments(preset="partial-depth", steps=2, warmup_steps=1, rounds=2))
+    specs = partial_loop_runs(settings, settings.seeds[0])
+    assert list(payload["rows"]) == [spec.label for spec in specs]
+    untied = payload["rows"]["untied, 3 blocks"]
+    assert untied["map"] == [0, 1, 2] and untied["ratio_to_untied"] == 1.0
+    for spec in specs[1:]:
+        row = payload["rows"][spec.label]
+        assert row["map"] == [int(block) for block in spec.strategy.removeprefix("static:").split(",")]
+        assert row["positions"] == len(row["map"]) and row["positions_ratio"] == len(row["map"]) / 3
+        ratios = [seconds / base for seconds, base in zip(row["seconds_by_round"], untied["seconds_by_round"])]
+        assert len(ratios) == 2 and row["ratio_to_untied"] == statistics.median(ratios)
+        assert (row["ratio_lowest"], row["ratio_highest"]) == (min(ratios), max(ratios))
+    assert "| loop middle, 4 positions (0 1 1 3) | 4 | " in markdown(payload)
