@@ -6,7 +6,7 @@ import datasets
 import pytest
 import torch
 from test_tied_models import perturb_
-from test_tying_trainer import OptimizerMatchesModel, make_trainer, tiny_model, torch_optimizer, tying_args
+from test_tying_trainer import OptimizerMatchesModel, make_trainer, tiny_model, token_dataset, torch_optimizer, tying_args
 
 from hf_layertie import TyingTrainer
 from hf_layertie.block_similarity import block_angular_distances
@@ -70,3 +70,17 @@ def test_a_distilled_run_keeps_its_teacher_on_the_students_device_and_dtype(tmp_
     mix, _ = mix_by_hand(*logits, ids, temperature=2.0, alpha=5 / 7)
     assert train_loss == pytest.approx(mix, rel=1e-5 if dtype == torch.float32 else 1e-2)
     assert not any(parameter.requires_grad for parameter in teacher.parameters())
+
+
+def test_a_teacher_follows_a_student_the_trainer_places_on_the_gpu_only_when_training_starts(tmp_path):
+    """With bf16_full_eval the Trainer leaves the student on the CPU until `train`, where the teacher was loaded
+    beside it: the teacher must score each batch on the batch's device."""
+    from test_distillation import student_model
+
+    teacher = tmp_path / "teacher"
+    student_model(seed=5).save_pretrained(teacher)
+    args = tying_args(tmp_path / "run", tying_strategy="static:cycle:2", max_steps=4, use_cpu=False, bf16_full_eval=True, distill_from=str(teacher))
+    trainer = TyingTrainer(model=student_model(), args=args, train_dataset=token_dataset())
+    assert trainer.distillation.teacher.device.type == "cpu"  # where the student was when the trainer was built
+    assert trainer.train().global_step == 4
+    assert trainer.distillation.teacher.device.type == "cuda"

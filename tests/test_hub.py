@@ -278,3 +278,51 @@ def test_to_untied_checkpoints_load_with_stock_transformers_and_the_same_logits_
         assert_loaded_like(
             tmp_path, kind.name, models[kind.name], f"transformers.models.{kind.name}.", tying_map=[0, 1, 2, 3, 4]
         )
+
+
+PUSH_CHECKPOINTS = """
+import json
+import os
+import sys
+
+import datasets
+import torch
+
+from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
+
+output_dir, repo_id = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+model = TiedGPT2LMHeadModel(TiedGPT2Config(n_layer=4, n_embd=32, n_head=2, vocab_size=100, n_positions=16))
+ids = torch.randint(0, 100, (32, 16), generator=torch.Generator().manual_seed(1)).tolist()
+args = TyingTrainingArguments(
+    output_dir=output_dir, tying_strategy="static:cycle:2", max_steps=4, per_device_train_batch_size=4, use_cpu=True,
+    report_to=[], save_strategy="steps", save_steps=2, push_to_hub=True, hub_model_id=repo_id,
+    hub_strategy="checkpoint", disable_tqdm=True,
+)
+trainer = TyingTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_dict({"input_ids": ids, "labels": ids}))
+push, complete_when_pushed = trainer._push_from_checkpoint, []
+
+
+def recording_push(folder):  # the upload runs in the background: what it may read is what the folder holds now
+    complete_when_pushed.append(os.path.isfile(os.path.join(folder, "tying_state.pt")))
+    push(folder)
+
+
+trainer._push_from_checkpoint = recording_push
+trainer.train()
+trainer._finish_current_push()
+with open(os.path.join(output_dir, "complete_when_pushed.json"), "w") as file:
+    json.dump(complete_when_pushed, file)
+"""
+
+
+@pytest.mark.slow
+def test_a_checkpoint_pushed_during_training_holds_its_tying_state(hub_server: HubServer, tmp_path):  # noqa: F811
+    """With hub_strategy="checkpoint" the Trainer pushes each checkpoint as `last-checkpoint/`; it must be complete
+    (its tying state written), or a resume from it is refused."""
+    repo_id = "org/tied-run"
+    run_python(PUSH_CHECKPOINTS, tmp_path / "run", repo_id, env=hub_server.client_env(tmp_path / "home"), cwd=tmp_path)
+    assert json.loads((tmp_path / "run" / "complete_when_pushed.json").read_text()) == [True, True]  # steps 2 and 4
+    _, files = hub_server.hub.files(repo_id, "main")
+    assert "last-checkpoint/tying_state.pt" in files and "last-checkpoint/trainer_state.json" in files
+    assert hub_server.unhandled == []

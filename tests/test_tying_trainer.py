@@ -669,3 +669,112 @@ def test_a_checkpoint_at_max_steps_is_finished_from_without_a_step_more(tmp_path
         assert torch.equal(finished.model.state_dict()[name], tensor), name
     history = (tmp_path / "finished" / TYING_HISTORY_NAME).read_text().splitlines()
     assert [json.loads(line) for line in history] == uninterrupted.tying_records
+
+
+def test_model_init_is_refused_where_the_strategy_ties_the_model_it_was_given(tmp_path):
+    """`Trainer.train` would replace the model the strategy tied with a fresh one from `model_init`."""
+    data = token_dataset()
+    with pytest.raises(ValueError, match=r"TyingTrainer takes model=\.\.\., not model_init, with tying_strategy='static:cycle:2'"):
+        TyingTrainer(model_init=tiny_model, args=tying_args(tmp_path, tying_strategy="static:cycle:2"), train_dataset=data)
+    plain = TyingTrainer(model_init=lambda: tiny_model(), args=tying_args(tmp_path, tying_strategy="none", max_steps=2), train_dataset=data)
+    assert plain.train().global_step == 2  # conventional training has no map to lose
+
+
+def test_deepspeed_is_refused_for_tied_models_naming_what_works():
+    from hf_layertie.trainer.tying_trainer import _refuse_deepspeed
+
+    with pytest.raises(ValueError, match=r"not train tied models under DeepSpeed.*accelerate launch --multi_gpu.*shard_tied_model"):
+        _refuse_deepspeed(tiny_model(), deepspeed_enabled=True)
+    _refuse_deepspeed(tiny_model(), deepspeed_enabled=False)
+    _refuse_deepspeed(torch.nn.Linear(2, 2), deepspeed_enabled=True)  # a model with nothing tied trains as usual
+
+
+def test_a_resume_brings_an_optimizer_passed_in_along_to_the_checkpoint_s_map(tmp_path):
+    """An optimizer given in `optimizers` holds the starting map's Parameters; resuming re-ties the model to the
+    checkpoint's map, and the optimizer must follow before the checkpoint's optimizer state is loaded into it."""
+    from hf_layertie.trainer.checkpoint_format import checkpoint_tying_map
+
+    def trainer(model, optimizer, **overrides):
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        args = tying_args(tmp_path, **{"max_steps": 6, **overrides})
+        return TyingTrainer(model=model, args=args, train_dataset=token_dataset(), optimizers=(optimizer, scheduler))
+
+    first = tiny_model()
+    trainer(first, torch.optim.AdamW(first.parameters(), lr=1e-3), max_steps=4, save_strategy="steps", save_steps=4).train()
+    saved_map = checkpoint_tying_map(tmp_path / "checkpoint-4", 4)
+    assert saved_map.num_distinct > 1  # dlt starts with every block tied to block 0: the resume re-ties
+
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    assert trainer(model, optimizer).train(resume_from_checkpoint=str(tmp_path / "checkpoint-4")).global_step == 6
+    held = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+    assert held == [parameter for parameter in model.parameters() if parameter.requires_grad]
+
+
+def test_resume_from_checkpoint_true_skips_a_checkpoint_a_crash_left_incomplete(tmp_path):
+    make_trainer(tmp_path, max_steps=4, save_strategy="steps", save_steps=2).train()
+    (tmp_path / "checkpoint-4" / TYING_STATE_NAME).unlink()  # a crash before the tying state, written last
+    resumed = make_trainer(tmp_path, max_steps=6, save_strategy="steps", save_steps=2)
+    assert resumed.train(resume_from_checkpoint=True).global_step == 6  # from checkpoint-2, the last complete one
+
+    empty = tmp_path / "empty"
+    with pytest.raises(ValueError, match=f"resume_from_checkpoint=True: no complete checkpoint in {re.escape(str(empty))}"):
+        make_trainer(empty, max_steps=2).train(resume_from_checkpoint=True)
+
+
+def test_only_an_error_that_reads_as_a_full_disk_is_blamed_on_the_disk(tmp_path):
+    """Every error raised while writing a checkpoint names the folder and the way on; a device error is not said to
+    be a full disk, nor a folder without write permission."""
+    import errno
+
+    from hf_layertie.trainer.checkpoint_format import explain_write_errors
+
+    folder = tmp_path / "checkpoint-2"
+    for error, full in (
+        (OSError(errno.ENOSPC, "No space left on device"), True),
+        (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 512 vs 396"), True),
+        (PermissionError(errno.EACCES, "Permission denied"), False),
+        (RuntimeError("CUDA error: device-side assert triggered"), False),
+    ):
+        with pytest.raises(type(error)) as raised:
+            with explain_write_errors(folder):
+                raise error
+        message = str(raised.value)
+        assert message.startswith(f"could not write {folder} (") and str(error) in message
+        assert ("the disk may be full" in message) == full and "no checkpoint is complete yet" in message
+
+
+def test_a_re_tie_keeps_the_optimizer_s_parameters_from_outside_the_model():
+    """A Parameter the user's optimizer trains beside the model (a learnable loss weight) stays in its group through
+    re-ties; the model's own follow the map."""
+    from hf_layertie.trainer.optimizer_sync import sync_optimizer_with_model
+
+    model = tiny_model()
+    loss_weight = torch.nn.Parameter(torch.ones(1))
+    optimizer = torch.optim.AdamW([{"params": list(model.parameters())}, {"params": [loss_weight], "lr": 0.1}])
+    for new_map in ([0, 0, 2, 2], [0, 1, 1, 3], [0, 0, 0, 0]):
+        sync_optimizer_with_model(optimizer, model, model.retie(new_map))
+        assert optimizer.param_groups[0]["params"] == list(model.parameters())
+        assert optimizer.param_groups[1]["params"] == [loss_weight]
+
+
+def test_with_the_best_model_loaded_at_the_end_the_last_reward_and_a_finish_from_match_a_run_without_it(tmp_path):
+    """The last decision is rewarded on the weights it led to, before the Trainer loads the best checkpoint, as in a
+    run that loads nothing; and finishing from the final checkpoint ends on the best model, as the run did."""
+    settings = dict(
+        max_steps=6, reward_source="held_out", reward_batch_size=8, eval_strategy="steps", eval_steps=2,
+        save_strategy="steps", save_steps=2,
+    )  # fmt: skip
+    best = dict(load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=True)  # an early one
+    plain = make_trainer(tmp_path / "plain", **settings)
+    plain.train()
+    loaded = make_trainer(tmp_path / "loaded", **settings, **best)
+    loaded.train()
+    assert loaded.state.best_model_checkpoint != str(tmp_path / "loaded" / "checkpoint-6")
+    assert loaded.tying_records == plain.tying_records
+
+    finished = make_trainer(tmp_path / "loaded", model=tiny_model(seed=3), **settings, **best)
+    finished.train(resume_from_checkpoint=str(tmp_path / "loaded" / "checkpoint-6"))
+    assert finished.model.tying_map == loaded.model.tying_map
+    for (name, ours), theirs in zip(finished.model.state_dict().items(), loaded.model.state_dict().values()):
+        assert torch.equal(ours, theirs), name

@@ -43,7 +43,8 @@ class Decision:
         angular_distances: `similarity:U`: each block's distance the map was chosen from.
         tie_init, lora_rank, lora_init: how the trainer ties the groups (`TiedBlocksMixin.retie`) and relaxes the
             ties (`hf_layertie.relaxed_ties.relax_ties`).
-        untie_to_start: blocks the map unties take back the weights they had when training started (`untie_init="own"`).
+        untie_to_start: the block an agent's action unties takes back the weights it had when training started
+            (`untie_init="own"`); other blocks the new map leaves independent keep theirs.
         awaits_outcome: its outcome (window loss and reward) comes with the next decision, or at the end of training.
         outcome: that outcome, once known.
         previous_outcome: the outcome of the decision this one replaces, known now.

@@ -55,6 +55,7 @@ TRAINER_PRIVATE_API = {
     "_get_output_dir": "called (`trainer_output_dir`): where `_save_checkpoint` writes",
     "_remove_unused_columns": "called (`remove_unused_columns`): the reward batches get the training columns",
     "_prepare_inputs": "called (`prepare_inputs`): the reward and similarity batches moved as training batches are",
+    "_push_from_checkpoint": "called: `_save_checkpoint` pushes a checkpoint once its tying state is written",
 }
 
 

@@ -37,7 +37,8 @@ from .tying_map import TyingMap
 
 @dataclass
 class RetieReport:
-    """What `TiedBlocksMixin.retie` changed: the trainer adds `added` to and drops `removed` from the optimizer.
+    """What `TiedBlocksMixin.retie` changed: the Parameters `added` and `removed`, and where the added ones come from,
+    which `sync_optimizer_with_model` reads to bring an optimizer along.
 
     `copied_from[new]` is the Parameter a fresh Parameter was copied from, so that optimizer state and
     parameter groups can follow the weights; `averaged_from[new]` the Parameters a fresh one is the mean of

@@ -14,6 +14,7 @@ skips incomplete ones.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -137,24 +138,37 @@ def last_complete_checkpoint(output_dir: str | Path) -> Path | None:
     return None
 
 
+# How torch and safetensors report a full disk, without the words "no space left".
+_FULL_DISK_SIGNS = ("unexpected pos", "iostream error", "file write failed")
+
+
 @contextmanager
 def explain_write_errors(folder: str | Path):
-    """Re-raise a failed write into `folder` naming the folder, the free space left and the way on.
-
-    torch and safetensors report a full disk as "[enforce fail at inline_container.cc] unexpected pos" or
-    "basic_ios::clear: iostream error", without the words "no space left".
+    """Re-raise an error raised while writing `folder` naming the folder, the free space left and the way on (the
+    last complete checkpoint, which a re-run resumes from). Only an error that reads as a full disk (`ENOSPC`,
+    `EDQUOT`, or torch's and safetensors' words for it: "[enforce fail at inline_container.cc] unexpected pos",
+    "basic_ios::clear: iostream error", "file write failed") is said to be one: a device or collective error raised
+    while saving is not blamed on the disk.
     """
     try:
         yield
     except (OSError, RuntimeError) as error:
+        full = getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+        full = full or any(sign in str(error) for sign in _FULL_DISK_SIGNS)
         free = _free_bytes(folder)
         output_dir = Path(folder).parent if _CHECKPOINT_NAME.match(Path(folder).name) else Path(folder)
         last = last_complete_checkpoint(output_dir)
         way_on = f"it resumes from {last}, the last complete checkpoint" if last else "no checkpoint is complete yet"
-        raise type(error)(
-            f"could not write {folder} ({free / 2**20:,.0f} MiB free on its disk; the disk may be full): "
-            f"{type(error).__name__}: {error}. Free some space and re-run the same command: {way_on}"
-        ) from error
+        message = (
+            f"could not write {folder} ({free / 2**20:,.0f} MiB free on its disk"
+            f"{'; the disk may be full' if full else ''}): {type(error).__name__}: {error}. "
+            f"{'Free some space' if full else 'Mend the cause'} and re-run the same command: {way_on}"
+        )
+        try:
+            explained = type(error)(message)
+        except TypeError:  # an error class whose constructor takes other arguments: leave it as it is
+            raise error from None
+        raise explained from error
 
 
 def _free_bytes(folder: str | Path) -> int:

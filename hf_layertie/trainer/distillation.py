@@ -76,8 +76,9 @@ class Distillation:
 
     @classmethod
     def load(cls, source: str, temperature: float, alpha: float, student, processing_class=None) -> Distillation:
-        """Load the teacher from `source` on `student`'s device and in its dtype, frozen, after refusing one whose
-        vocabulary or tokenizer differs from the student's (the KL would compare different tokens)."""
+        """Load the teacher from `source` on `student`'s device (until `observe` sees batches on another) and in its
+        dtype, frozen, after refusing one whose vocabulary or tokenizer differs from the student's (the KL would
+        compare different tokens)."""
         check_causal_student(student)
         first = next(student.parameters())
         teacher = load_teacher(source, first.dtype)
@@ -92,8 +93,14 @@ class Distillation:
 
     @torch.no_grad()
     def observe(self, inputs: dict) -> None:
-        """Run the teacher on the micro-batch `inputs` (no gradients, eval mode: no dropout, no random draw)."""
-        self._teacher_logits = self.teacher(**{name: inputs[name] for name in TEACHER_INPUTS if name in inputs}).logits
+        """Run the teacher on the micro-batch `inputs` (no gradients, eval mode: no dropout, no random draw), on the
+        batch's device: the Trainer places some students only when training starts (`bf16_full_eval`, model
+        parallelism), after the teacher was loaded beside them."""
+        teacher_inputs = {name: inputs[name] for name in TEACHER_INPUTS if name in inputs}
+        device = teacher_inputs["input_ids"].device
+        if self.teacher.device != device:
+            self.teacher.to(device)
+        self._teacher_logits = self.teacher(**teacher_inputs).logits
 
     def __call__(self, outputs, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
         """The Trainer's `compute_loss_func`: the mixed loss of the observed micro-batch; without one (evaluation),

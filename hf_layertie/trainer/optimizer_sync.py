@@ -48,7 +48,7 @@ def sync_optimizer_with_model(optimizer: torch.optim.Optimizer, model: nn.Module
             group_of[fresh] = group_of[sources[0]]
     for parameter in report.removed:
         optimizer.state.pop(parameter, None)
-    _regroup(optimizer, model, group_of)
+    _regroup(optimizer, model, group_of, dropped=set(report.removed))
 
 
 def add_to_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, added: list[nn.Parameter], like: nn.Parameter) -> None:
@@ -60,10 +60,19 @@ def add_to_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, added: 
     _regroup(optimizer, model, group_of)
 
 
-def _regroup(optimizer: torch.optim.Optimizer, model: nn.Module, group_of: dict[nn.Parameter, int]) -> None:
+def _regroup(
+    optimizer: torch.optim.Optimizer,
+    model: nn.Module,
+    group_of: dict[nn.Parameter, int],
+    dropped: set[nn.Parameter] = frozenset(),
+) -> None:
+    """Each group's model Parameters in `named_parameters()` order, then those it holds from outside the model (a
+    learnable loss weight, say) as they were; `dropped` (what a re-tie removed from the model) leaves."""
     parameters = [parameter for _, parameter in model.named_parameters()]
+    known = set(parameters) | dropped
     for index, group in enumerate(optimizer.param_groups):
-        group["params"] = [parameter for parameter in parameters if group_of.get(parameter) == index]
+        outside = [parameter for parameter in group["params"] if parameter not in known]
+        group["params"] = [parameter for parameter in parameters if group_of.get(parameter) == index] + outside
 
 
 # Arguments of `DistributedDataParallel.__init__` that a rebuild carries over (or refuses, see

@@ -60,6 +60,7 @@ from .checkpoint_format import (
     checkpoint_step,
     checkpoint_tying_map,
     explain_write_errors,
+    last_complete_checkpoint,
     read_tying_state,
     starting_model,
     write_tying_state,
@@ -95,12 +96,13 @@ class TyingTrainer(Trainer):
             fixed reward batch. Defaults to `eval_dataset`. Never pass the test split.
         model_card_kwargs: extra keyword arguments of `hf_layertie.model_card.build_model_card`
             (`dataset_names`, `base_model`, ...) for the card written with the final model.
-        **kwargs: everything `Trainer` accepts.
+        **kwargs: everything `Trainer` accepts, but `model_init` with a strategy that ties.
 
     Raises:
-        ValueError: from `train(resume_from_checkpoint=...)`, when the checkpoint was saved under other tying settings
-            (`TyingTrainingArguments.resume_settings`) or its `tying_state.pt` cannot be read; from `train`, when the
-            strategy cannot serve the run (a similarity warm-up as long as the run).
+        ValueError: when built with `model_init` for a strategy that ties, or with a tied model under FSDP or
+            DeepSpeed (neither follows a re-tie); from `train(resume_from_checkpoint=...)`, when the checkpoint was
+            saved under other tying settings (`TyingTrainingArguments.resume_settings`) or its `tying_state.pt` cannot
+            be read; from `train`, when the strategy cannot serve the run (a similarity warm-up as long as the run).
         FloatingPointError: from `train`, when a training loss is NaN or infinite, before that step's update.
 
     Attributes:
@@ -121,9 +123,11 @@ class TyingTrainer(Trainer):
         if not isinstance(args, TyingTrainingArguments):
             raise TypeError(f"TyingTrainer needs args of type TyingTrainingArguments, got {type(args).__name__}")
         _refuse_fsdp(model, bool(args.fsdp))
+        _refuse_model_init(args, kwargs.get("model_init"))
         _report_to_installed_tensorboard_only(args)
         super().__init__(model=model, args=args, **kwargs)
         _refuse_fsdp(self.model, self.is_fsdp_enabled)  # accelerate's FSDP plugin (`accelerate launch --use_fsdp`)
+        _refuse_deepspeed(self.model, self.is_deepspeed_enabled)
         self.model_card_kwargs = dict(model_card_kwargs or {})
         self.tying_seconds = dict.fromkeys(OVERHEAD_PARTS, 0.0)
         self.history = TyingHistory(args.output_dir)
@@ -260,8 +264,14 @@ class TyingTrainer(Trainer):
         run's, over every sitting (`TrainingTotals`): resumed from a checkpoint, the mean loss of all the steps
         since the start, not of those this call trained. A checkpoint that already reached `max_steps` (or the
         output folder of a finished run) is not trained further: the model, the decisions and the trainer state are
-        restored from it, and the run ends there with the metrics it had.
+        restored from it, and the run ends there with the metrics it had. `resume_from_checkpoint=True` resumes
+        from the last complete checkpoint in `output_dir` (one a crash left without its tying state is skipped).
         """
+        if resume_from_checkpoint is True:  # transformers would take the highest-numbered folder, complete or not
+            last = last_complete_checkpoint(self.args.output_dir)
+            if last is None:
+                raise ValueError(f"resume_from_checkpoint=True: no complete checkpoint in {self.args.output_dir}")
+            resume_from_checkpoint = str(last)
         saved_step = checkpoint_step(resume_from_checkpoint) if isinstance(resume_from_checkpoint, str) else None
         self._totals, self._sitting_loss = TrainingTotals(), 0.0  # resuming loads the checkpoint's totals
         if saved_step is not None and 0 < self.args.max_steps <= saved_step:
@@ -283,6 +293,8 @@ class TyingTrainer(Trainer):
         if self._totals.start_step:  # saved without totals: a finished run's folder from before they existed
             self._totals = TrainingTotals.summarised_in(self.state.log_history) or self._totals
         self._finish_decisions()
+        if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
+            self._load_best_model()  # as the run would have ended uninterrupted
         return {"epoch": self.state.epoch}
 
     def _training_totals(self, sitting_runtime: float | None = None) -> TrainingTotals:
@@ -502,17 +514,21 @@ class TyingTrainer(Trainer):
         """The Trainer's checkpoint, then the tying state, written last and atomically (a checkpoint with a
         `tying_state.pt` is complete), then the history so far; only then are old checkpoints rotated out
         (`save_total_limit`), which the Trainer does at the end of its own part: a crash while this checkpoint is
-        incomplete leaves the last complete one. A failed write names the folder and the disk's free space."""
+        incomplete leaves the last complete one. A failed write names the folder and the disk's free space. With
+        `push_to_hub`, the checkpoint is pushed once complete, which the Trainer would do before the tying state."""
         run_dir = trainer_output_dir(self, trial)
         folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         save_total_limit, self.args.save_total_limit = self.args.save_total_limit, None
+        push_to_hub, self.args.push_to_hub = self.args.push_to_hub, False
         try:
             with explain_write_errors(folder):
                 super()._save_checkpoint(model, trial)
         finally:
-            self.args.save_total_limit = save_total_limit
+            self.args.save_total_limit, self.args.push_to_hub = save_total_limit, push_to_hub
         self._write_tying_state(folder)
         self.history.flush(self.args.should_save)
+        if push_to_hub:
+            self._push_from_checkpoint(folder)
         if self.args.should_save:
             rotate_checkpoints(run_dir, save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
 
@@ -522,7 +538,7 @@ class TyingTrainer(Trainer):
         check_resumes_starting_model(resume_from_checkpoint, state, self.args.untie_init, self.model)
         self._totals = TrainingTotals.saved_in(state, checkpoint_step(resume_from_checkpoint) or 0)
         if isinstance(self.model, TiedBlocksMixin) and self.args.tying_mode != "none":
-            self.model.retie(checkpoint_tying_map(resume_from_checkpoint, len(self.model.tied_blocks)))
+            self._retie_to_checkpoint(resume_from_checkpoint)
         if state is not None:
             # The strategy's state beside the run's decisions (their keys as `TyingHistory.state_dict` writes them).
             saved = dict(state["decisions"])
@@ -540,13 +556,25 @@ class TyingTrainer(Trainer):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def _load_best_model(self) -> None:
+        """The best checkpoint's map and weights, after the last decision got its outcome from the weights it led
+        to (the Trainer loads the best model before `train` returns)."""
+        self._finish_decisions()
         best = self.state.best_model_checkpoint
         if self.args.tying_mode != "none" and best:
-            self.model.retie(checkpoint_tying_map(best, len(self.model.tied_blocks)))
+            self._retie_to_checkpoint(best)
         if best and self.args.lora_rank is not None and carries_integrated_adapters(self.model):
             load_relaxed_weights(self.model, best)  # a best checkpoint from before the map: its adapters at zero
             return
         super()._load_best_model()
+
+    def _retie_to_checkpoint(self, checkpoint: str) -> None:
+        """Re-tie the model to `checkpoint`'s map, bringing along an optimizer that exists already (one passed in
+        `optimizers`, or the Trainer's when the best model is loaded at the end) and a DDP wrapper. Collective."""
+        report = self.model.retie(checkpoint_tying_map(checkpoint, len(self.model.tied_blocks)))
+        if report.changed and self.optimizer is not None:
+            sync_optimizer_with_model(self.optimizer, self.model, report)
+        if report.changed:
+            rebuild_data_parallel(self.model_wrapped)
 
     def _issue_warnings_after_load(self, load_result) -> None:
         # Tied blocks are not stored in the checkpoint: they are restored by sharing, not missing.
@@ -666,6 +694,30 @@ def _refuse_fsdp(model, fsdp_enabled: bool) -> None:
             "blocks in separate groups and cannot follow re-ties. Train on several processes with DDP (accelerate "
             "launch --multi_gpu), or shard the model yourself with hf_layertie.shard_tied_model and re-tie it with "
             "retie_sharded under torchrun (docs/multi-process.md)"
+        )
+
+
+def _refuse_deepspeed(model, deepspeed_enabled: bool) -> None:
+    """DeepSpeed's engine flattens the parameters it was given and hooks their gradients, so the Parameters a re-tie
+    adds would never be updated, and the Trainer resumes a DeepSpeed run without `_load_from_checkpoint`, which
+    restores the map and the strategy: refuse, naming what works."""
+    if deepspeed_enabled and isinstance(model, TiedBlocksMixin):
+        raise ValueError(
+            "TyingTrainer does not train tied models under DeepSpeed (deepspeed / accelerate's DeepSpeed plugin): its "
+            "engine cannot follow re-ties, and its resume skips the tying state. Train on several processes with DDP "
+            "(accelerate launch --multi_gpu), or shard the model with hf_layertie.shard_tied_model under torchrun "
+            "(docs/multi-process.md)"
+        )
+
+
+def _refuse_model_init(args: TyingTrainingArguments, model_init) -> None:
+    """`Trainer.train` builds a fresh model with `model_init`, after the strategy applied its starting map (and
+    adapters) to the model built here: the run would train a map its history does not record."""
+    if model_init is not None and args.decisions_class.needs_tied_model:
+        raise ValueError(
+            f"TyingTrainer takes model=..., not model_init, with tying_strategy={args.tying_strategy!r}: the strategy "
+            f"applies its starting map to the model when the trainer is built, and train() would replace that model "
+            f"with a fresh one from model_init"
         )
 
 
