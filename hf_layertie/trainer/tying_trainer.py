@@ -107,7 +107,9 @@ class TyingTrainer(Trainer):
 
     Attributes:
         decisions: the strategy (`hf_layertie.decisions.TyingDecisions`) owning the run's tying decisions.
-        tying_seconds: wall time of the tying work, by part (`OVERHEAD_PARTS`); `sum(...)` is the agent's overhead.
+        tying_seconds: wall time of the tying work since this trainer was built, by part (`OVERHEAD_PARTS`);
+            `sum(...)` is the agent's overhead. A resumed run's counts this sitting only (the training metrics count
+            the whole run).
         distillation: with `distill_from`, the teacher and the loss (`Distillation`, also `compute_loss_func`);
             else None.
     """
