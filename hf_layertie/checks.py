@@ -1,5 +1,6 @@
 """Checks of user-given settings that raise one `ValueError` naming the setting, its value and what was expected,
-and `perplexity`, the guarded `exp` of a loss.
+`reworded`, an error raised again with a message that names the setting or file, and `perplexity`, the guarded `exp`
+of a loss.
 
 Shared by every layer that takes settings (`dlt.AgentConfig`, `dlt.TyingReward`, `TyingTrainingArguments`), so a
 setting is checked, and its error worded, the same way wherever it is given; and by every layer that turns a loss
@@ -10,6 +11,16 @@ from __future__ import annotations
 
 import math
 from numbers import Integral, Real
+
+
+def reworded(error: BaseException, message: str) -> BaseException:
+    """An error of `error`'s type carrying `message`, so that whoever catches that type still does; of its nearest
+    base whose constructor takes a message alone where its own takes more (json's `JSONDecodeError`)."""
+    for kind in type(error).__mro__:  # ends with BaseException, which takes any message
+        try:
+            return kind(message)
+        except TypeError:
+            continue
 
 
 def check_integer(name: str, value, minimum: int | None = None) -> None:

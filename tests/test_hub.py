@@ -310,6 +310,16 @@ def recording_push(folder):  # the upload runs in the background: what it may re
 
 trainer._push_from_checkpoint = recording_push
 trainer.train()
+push_folder = trainer.push_to_hub
+
+
+def recording_folder_push(*args, **kwargs):
+    complete_when_pushed.append(os.path.isfile(os.path.join(output_dir, "tying_state.pt")))
+    return push_folder(*args, **kwargs)
+
+
+trainer.push_to_hub = recording_folder_push
+trainer.save_model()
 trainer._finish_current_push()
 with open(os.path.join(output_dir, "complete_when_pushed.json"), "w") as file:
     json.dump(complete_when_pushed, file)
@@ -317,12 +327,14 @@ with open(os.path.join(output_dir, "complete_when_pushed.json"), "w") as file:
 
 
 @pytest.mark.slow
-def test_a_checkpoint_pushed_during_training_holds_its_tying_state(hub_server: HubServer, tmp_path):  # noqa: F811
-    """With hub_strategy="checkpoint" the Trainer pushes each checkpoint as `last-checkpoint/`; it must be complete
-    (its tying state written), or a resume from it is refused."""
+def test_a_checkpoint_or_final_model_pushed_holds_its_tying_state(hub_server: HubServer, tmp_path):  # noqa: F811
+    """With hub_strategy="checkpoint" the Trainer pushes each checkpoint as `last-checkpoint/`, and the final save
+    the output folder; each must be complete (its tying state written), or a resume from it is refused."""
     repo_id = "org/tied-run"
     run_python(PUSH_CHECKPOINTS, tmp_path / "run", repo_id, env=hub_server.client_env(tmp_path / "home"), cwd=tmp_path)
-    assert json.loads((tmp_path / "run" / "complete_when_pushed.json").read_text()) == [True, True]  # steps 2 and 4
+    # the checkpoints of steps 2 and 4, then the final save
+    assert json.loads((tmp_path / "run" / "complete_when_pushed.json").read_text()) == [True, True, True]
     _, files = hub_server.hub.files(repo_id, "main")
     assert "last-checkpoint/tying_state.pt" in files and "last-checkpoint/trainer_state.json" in files
+    assert {"tying_state.pt", "model.safetensors", "README.md"} <= set(files)
     assert hub_server.unhandled == []

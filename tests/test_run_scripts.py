@@ -139,6 +139,31 @@ def test_a_finished_run_run_again_says_so_and_changes_nothing(tmp_path, text_fil
     assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == files
 
 
+def test_a_finished_run_run_again_with_do_eval_evaluates_its_model_training_no_step(tmp_path, text_files, caplog):
+    run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2, "--do_eval", "false"))
+    weights = (tmp_path / "model.safetensors").read_bytes()
+    with caplog.at_level("WARNING"):
+        metrics = run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2))
+    assert "finished at step 6 without an evaluation (--do_eval): producing them, training no step" in caplog.text
+    assert "eval_loss" in metrics and json.loads((tmp_path / "trainer_state.json").read_text())["global_step"] == 6
+    assert (tmp_path / "model.safetensors").read_bytes() == weights
+
+
+def test_the_count_baseline_counts_the_blocks_trained_on_and_scores_those_evaluated(tmp_path, text_files):
+    """Beside a model trained on --max_train_samples blocks and evaluated on --max_eval_samples, the bigram is
+    counted and scored on the same blocks, not on the whole splits."""
+    from hf_layertie.language_modeling.run import _text_data_and_model, parse_arguments
+    from hf_layertie.toolkit.baselines import bigram_loss
+
+    flags = tiny_flags(tmp_path, text_files, TINY_GPT2, "--max_train_samples", "12", "--max_steps", "2")
+    metrics = run(CAUSAL_LM, flags)
+    model_args, data_args, _ = parse_arguments(CAUSAL_LM, flags)
+    grouped, tokenizer, _ = _text_data_and_model(CAUSAL_LM, model_args, data_args)
+    assert len(grouped["train"]) > 12 and len(grouped["validation"]) > 8
+    counted, scored = grouped["train"]["input_ids"][:12], grouped["validation"]["input_ids"][:8]
+    assert metrics["eval_bigram_loss"] == pytest.approx(bigram_loss(counted, scored, len(tokenizer)))
+
+
 def test_a_kill_after_the_last_checkpoint_finishes_from_it_without_a_step_more(tmp_path, text_files):
     flags = tiny_flags(
         tmp_path, text_files, TINY_GPT2, "--save_steps", "2", "--do_eval", "false",

@@ -148,3 +148,36 @@ def test_default_tying_settings_the_chosen_strategy_does_not_read_drop_out():
 def test_a_tying_setting_the_user_sets_for_a_strategy_that_does_not_read_it_is_still_refused(spelling):
     with pytest.raises(ValueError, match="tying_strategy='static:cycle:2' does not read tying_interval"):
         parse_arguments(CAUSAL_LM, ["--tying_strategy", "static:cycle:2", *spelling])
+
+
+@pytest.mark.parametrize("spelling", [["--dataset-name", "wikitext"], ["--dataset_nam", "wikitext"], ["--dataset_name=wikitext"]])
+def test_naming_one_s_own_data_under_any_spelling_leaves_the_embedded_default_out(spelling):
+    _, data, training_args = parse_arguments(CAUSAL_LM, [*spelling, "--output_dir", "out", "--do_train"])
+    assert data.dataset_name == "wikitext"
+    assert training_args.output_dir == "out" and training_args.max_steps != json.loads(CAUSAL_LM.default_arguments.read_text())["max_steps"]
+
+
+@pytest.mark.parametrize("flag", ["--config_overrides", "--config-overrides"])
+def test_config_overrides_on_the_default_apply_after_its_own_under_either_spelling(flag):
+    model, _, _ = parse_arguments(CAUSAL_LM, [flag, "n_layer=2"])
+    assert model.config_overrides == json.loads(CAUSAL_LM.default_arguments.read_text())["config_overrides"] + ",n_layer=2"
+
+
+def test_a_tokenizer_larger_than_the_checkpoint_s_vocabulary_gets_an_embedding_row_per_token(tmp_path):
+    """As transformers' run_clm.py: otherwise the first token id past the table fails inside the forward pass."""
+    from hf_layertie.language_modeling.run import _load_model
+    from hf_layertie.toolkit import ModelArguments
+
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=100)).save_pretrained(tmp_path)
+    tokenizer = load_tokenizer("shakespeare-bpe")
+    model = _load_model(CAUSAL_LM, ModelArguments(model_name_or_path=str(tmp_path)), tokenizer)
+    assert model.get_input_embeddings().weight.shape[0] == len(tokenizer) > 100
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def test_a_corrupt_checkpoint_index_is_named_whatever_its_error_type(tmp_path):
+    """json's JSONDecodeError takes more than a message: the error naming the flag must not itself fail."""
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=100)).save_pretrained(tmp_path, max_shard_size="20KB")
+    (tmp_path / "model.safetensors.index.json").write_text("{ not json")
+    with pytest.raises(ValueError, match=rf"--model_name_or_path {re.escape(str(tmp_path))}: could not load"):
+        run(CAUSAL_LM, ["--model_name_or_path", str(tmp_path), "--output_dir", str(tmp_path / "o"), "--do_eval", "--max_eval_samples", "2"])

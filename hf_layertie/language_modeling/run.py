@@ -145,7 +145,8 @@ def _train_and_evaluate(
     finished = finished_training_step(output_dir, training_args.max_steps) if training_args.do_train else None
     if finished is not None:
         missing = _missing_final_outputs(output_dir)
-        if not missing:
+        asked = [] if missing else _asked_beyond_saved(training_args, _saved_metrics(output_dir))
+        if not missing and not asked:
             # Its results are those of the settings it ran under: this command's must be the same.
             check_resumes_saved_settings(training_args, output_dir, read_tying_state(output_dir))
             logger.warning(
@@ -153,7 +154,8 @@ def _train_and_evaluate(
                 f"Pass a larger --max_steps to continue it, or a new --output_dir to train again."
             )
             return _saved_metrics(output_dir)
-        logger.warning(f"Training in {output_dir} finished at step {finished} without {', '.join(missing)}: producing them")
+        wanted = ", ".join([*missing, *asked])
+        logger.warning(f"Training in {output_dir} finished at step {finished} without {wanted}: producing them, training no step")
     set_seed(training_args.seed)
 
     hop_task = data_args.dataset_name if data_args.dataset_name in HOP_TASKS else None
@@ -162,7 +164,7 @@ def _train_and_evaluate(
             raise ValueError(f"--dataset_name {hop_task} is a causal language modeling task: train it with run_clm.py")
         tokenizer = hop_task_tokenizer(hop_task, data_args.dataset_config_name)
         model = _load_model(task, model_args, tokenizer)
-        seed = training_args.data_seed or training_args.seed
+        seed = training_args.seed if training_args.data_seed is None else training_args.data_seed
         grouped = load_hop_task(hop_task, data_args.dataset_config_name, model.config.max_position_embeddings, seed)
     else:
         grouped, tokenizer, model = _text_data_and_model(task, model_args, data_args)
@@ -208,8 +210,9 @@ def _train_and_evaluate(
         if hop_task:
             scores = evaluate_multihop(trainer.model, eval_dataset, training_args.per_device_eval_batch_size)
             eval_metrics.update(multihop_metrics(scores))
-        elif not data_args.streaming:  # the baseline counts the whole training split, which a stream does not hold
-            eval_metrics.update(_baseline(task, tokenizer, grouped))
+        elif not data_args.streaming:  # the baseline counts a training split, which a stream does not hold
+            counted = train_dataset if train_dataset is not None else grouped.get("train")
+            eval_metrics.update(_baseline(task, tokenizer, counted, eval_dataset))
         trainer.log_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
     trainer.save_metrics("all", metrics)
@@ -269,7 +272,7 @@ def _load_model(task: LanguageModelingTask, model_args: ModelArguments, tokenize
         model_type = model_args.model_type or task.model_types[0]
     if model_type not in task.model_types:
         raise ValueError(f"--model_type {model_type!r} does not fit run_{task.name}.py; expected one of {', '.join(task.model_types)}")
-    return load_model(
+    model = load_model(
         model_type,
         tokenizer,
         model_args.model_name_or_path,
@@ -277,6 +280,14 @@ def _load_model(task: LanguageModelingTask, model_args: ModelArguments, tokenize
         **model_args.loading_options,
         **model_args.hub_options,
     )
+    embedding_size = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > embedding_size:  # as transformers' run_clm.py: else a token id past the table fails late
+        logger.warning(
+            f"The tokenizer has {len(tokenizer)} tokens, the model's embedding {embedding_size}: resizing the embedding "
+            f"(the new rows are untrained)"
+        )
+        model.resize_token_embeddings(len(tokenizer))
+    return model
 
 
 def _collator(task: LanguageModelingTask, tokenizer, mlm_probability: float):
@@ -285,12 +296,13 @@ def _collator(task: LanguageModelingTask, tokenizer, mlm_probability: float):
     return default_data_collator
 
 
-def _baseline(task: LanguageModelingTask, tokenizer, grouped) -> dict[str, float]:
-    """The count baseline of the same tokenization on the same evaluation blocks (see `hf_layertie.toolkit.baselines`);
-    none without training text to count (a --validation_file evaluated alone)."""
-    if "train" not in grouped:
+def _baseline(task: LanguageModelingTask, tokenizer, counted, evaluated) -> dict[str, float]:
+    """The count baseline of the same tokenization, counted on `counted` (the blocks the model trained on, or the
+    training split when it only evaluates), scored on the blocks the model was evaluated on (see
+    `hf_layertie.toolkit.baselines`); none without training text to count (a --validation_file evaluated alone)."""
+    if counted is None:
         return {}
-    train, validation = grouped["train"]["input_ids"], grouped["validation"]["input_ids"]
+    train, validation = counted["input_ids"], evaluated["input_ids"]
     if task.masked:
         return {"eval_unigram_loss": unigram_loss(train, validation, len(tokenizer), tokenizer.all_special_ids)}
     return {"eval_bigram_loss": bigram_loss(train, validation, len(tokenizer))}
@@ -323,7 +335,7 @@ def _generated_sample(model, tokenizer, block: list[int], max_new_tokens: int) -
         output = model.generate(
             prompt, max_new_tokens=max_new_tokens, do_sample=True, top_k=40, temperature=0.8, pad_token_id=tokenizer.eos_token_id
         )
-    return f"[prompt] {tokenizer.decode(block[:16])}\n[model]  {tokenizer.decode(output[0, 16:])}"
+    return f"[prompt] {tokenizer.decode(block[:16])}\n[model]  {tokenizer.decode(output[0, prompt.shape[1] :])}"
 
 
 def _fill_mask_sample(model, tokenizer, block: list[int]) -> str:
@@ -359,6 +371,16 @@ def _data_source(data_args: DataTrainingArguments) -> str:
     if data_args.validation_file is not None:
         return f"--validation_file {data_args.validation_file}"
     return "the embedded Shakespeare corpus"
+
+
+def _asked_beyond_saved(training_args: TyingTrainingArguments, saved: dict[str, float]) -> list[str]:
+    """What this command asks of a finished run that its saved results lack: an evaluation, a push to the Hub."""
+    asked = []
+    if training_args.do_eval and "eval_loss" not in saved:
+        asked.append("an evaluation (--do_eval)")
+    if training_args.push_to_hub:
+        asked.append("a push to the Hub (--push_to_hub)")
+    return asked
 
 
 def _saved_metrics(output_dir: str) -> dict[str, float]:

@@ -14,14 +14,14 @@ from ..models import TIED_MODELS
 from ..trainer.training_args import TyingTrainingArguments
 from .models import ATTN_IMPLEMENTATIONS, TORCH_DTYPES, check_loading_options, check_model_source, check_tied_model_type
 
-# Flags that name the user's own data or model: with any of them, the embedded default does not apply.
-OWN_DATA_OR_MODEL_FLAGS = (
-    "--dataset_name",
-    "--dataset_config_name",
-    "--train_file",
-    "--validation_file",
-    "--model_name_or_path",
-    "--model_type",
+# Settings that name the user's own data or model: with any of them given, the embedded default does not apply.
+OWN_DATA_OR_MODEL_SETTINGS = (
+    "dataset_name",
+    "dataset_config_name",
+    "train_file",
+    "validation_file",
+    "model_name_or_path",
+    "model_type",
 )
 
 
@@ -102,10 +102,11 @@ def parse_command_line(
     """Parse flags, or a single .json / .yaml file of them, with `HfArgumentParser`.
 
     With `default_file` (the embedded default run) and no flag naming the user's own data or model
-    (`OWN_DATA_OR_MODEL_FLAGS`), the default's values apply and every flag given overrides them;
-    `--config_overrides` is applied after the default's own overrides. The default's tying settings that the
-    chosen strategy does not read drop out (`--tying_strategy static:all` on a default that sets the `dlt`
-    interval): the user did not set them, while one the user sets is refused by `TyingTrainingArguments`.
+    (`OWN_DATA_OR_MODEL_SETTINGS`, under any spelling argparse accepts: `--dataset_name`, `--dataset-name`, an
+    unambiguous prefix), the default's values apply and every flag given overrides them; `--config_overrides` is
+    applied after the default's own overrides. The default's tying settings that the chosen strategy does not read
+    drop out (`--tying_strategy static:all` on a default that sets the `dlt` interval): the user did not set them,
+    while one the user sets is refused by `TyingTrainingArguments`.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = HfArgumentParser(dataclass_types, description=description)
@@ -113,41 +114,33 @@ def parse_command_line(
         return parser.parse_json_file(json_file=argv[0])
     if len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
         return parser.parse_yaml_file(yaml_file=argv[0])
-    if default_file is not None and not any(_names_flag(argument, flag) for argument in argv for flag in OWN_DATA_OR_MODEL_FLAGS):
-        defaults = json.loads(Path(default_file).read_text())
-        print(f"No data or model arguments: the embedded default ({default_file}) with the flags given on top", file=sys.stderr)
-        parser.set_defaults(**defaults)
-        parser.set_defaults(**dict.fromkeys(_unread_default_settings(parser, argv, defaults)))
-        argv = _after_default_overrides(argv, defaults.get("config_overrides"))
-    return parser.parse_args_into_dataclasses(args=argv)
+    if default_file is None or _given(parser, argv, OWN_DATA_OR_MODEL_SETTINGS):
+        return parser.parse_args_into_dataclasses(args=argv)
+    defaults = json.loads(Path(default_file).read_text())
+    print(f"No data or model arguments: the embedded default ({default_file}) with the flags given on top", file=sys.stderr)
+    given = _given(parser, argv, tuple(defaults))
+    parser.set_defaults(**defaults)
+    parser.set_defaults(**dict.fromkeys(_unread_default_settings(defaults, given)))
+    parsed = parser.parse_args_into_dataclasses(args=argv)
+    if "config_overrides" in given and defaults.get("config_overrides"):
+        model_arguments = next(arguments for arguments in parsed if isinstance(arguments, ModelArguments))
+        model_arguments.config_overrides = f"{defaults['config_overrides']},{given['config_overrides']}"  # the user's keys win
+    return parsed
 
 
-def _unread_default_settings(parser: HfArgumentParser, argv: list[str], defaults: dict) -> list[str]:
-    """The tying settings of `defaults` that `argv` does not set and its tying strategy does not read.
+def _given(parser: HfArgumentParser, argv: list[str], names: tuple[str, ...]) -> dict:
+    """The values `argv` gives to the settings `names`, under any spelling of their flags.
 
-    argparse only fills the defaults of the names a namespace lacks, so a namespace holding a marker for every
-    name of `defaults` tells the values given in `argv` (under any spelling of the flag) from the default's.
+    argparse only fills the defaults of the names a namespace lacks, so a namespace holding a marker for every name
+    tells the values given in `argv` from the rest.
     """
     marker = object()
-    given, _ = parser.parse_known_args(argv, namespace=argparse.Namespace(**dict.fromkeys(defaults, marker)))
-    strategy = getattr(given, "tying_strategy", marker)
-    strategy = defaults.get("tying_strategy") if strategy is marker else strategy
+    namespace, _ = parser.parse_known_args(argv, namespace=argparse.Namespace(**dict.fromkeys(names, marker)))
+    return {name: getattr(namespace, name) for name in names if getattr(namespace, name, marker) is not marker}
+
+
+def _unread_default_settings(defaults: dict, given: dict) -> list[str]:
+    """The tying settings of `defaults` that the flags `given` do not set and their tying strategy does not read."""
+    strategy = given.get("tying_strategy", defaults.get("tying_strategy"))
     unread = TyingTrainingArguments.settings_unread_by(strategy)
-    return [name for name in unread if name in defaults and getattr(given, name) is marker]
-
-
-def _names_flag(argument: str, flag: str) -> bool:
-    return argument == flag or argument.startswith(flag + "=")
-
-
-def _after_default_overrides(argv: list[str], default_overrides: str | None) -> list[str]:
-    """`argv` with a `--config_overrides` value prefixed by the default's, so the user's keys win."""
-    if default_overrides is None:
-        return argv
-    merged = list(argv)
-    for index, argument in enumerate(merged):
-        if argument == "--config_overrides" and index + 1 < len(merged):
-            merged[index + 1] = f"{default_overrides},{merged[index + 1]}"
-        elif argument.startswith("--config_overrides="):
-            merged[index] = f"--config_overrides={default_overrides},{argument.split('=', 1)[1]}"
-    return merged
+    return [name for name in unread if name in defaults and name not in given]

@@ -11,6 +11,7 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import is_flash_attn_2_available
 
+from ..checks import reworded
 from ..data import embedded_tokenizer_dir
 from ..models import TIED_MODELS
 from ..trainer.checkpoint_format import WEIGHTS_FILES
@@ -189,7 +190,7 @@ def _from_checkpoint(model_class, name_or_path: str, **hub_options) -> PreTraine
     try:
         return model_class.from_pretrained(name_or_path, **hub_options)
     except (OSError, ValueError, RuntimeError, SafetensorError) as error:
-        raise type(error)(f"--model_name_or_path {name_or_path}: could not load {_weights_file(name_or_path)}: {error}") from error
+        raise reworded(error, f"--model_name_or_path {name_or_path}: could not load {_weights_file(name_or_path)}: {error}") from error
 
 
 def _weights_file(name_or_path: str) -> str:

@@ -28,6 +28,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 
+from ..checks import reworded
 from ..models.tying_map import TyingMap
 
 logger = logging.getLogger(__name__)
@@ -164,11 +165,7 @@ def explain_write_errors(folder: str | Path):
             f"{'; the disk may be full' if full else ''}): {type(error).__name__}: {error}. "
             f"{'Free some space' if full else 'Mend the cause'} and re-run the same command: {way_on}"
         )
-        try:
-            explained = type(error)(message)
-        except TypeError:  # an error class whose constructor takes other arguments: leave it as it is
-            raise error from None
-        raise explained from error
+        raise reworded(error, message) from error
 
 
 def _free_bytes(folder: str | Path) -> int:

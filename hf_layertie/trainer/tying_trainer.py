@@ -586,17 +586,24 @@ class TyingTrainer(Trainer):
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the model; a final save (not a checkpoint's) also writes its tying state, plot and model card beside
-        it. Like transformers' own sharded saves, a final save is collective: call it on every process."""
+        it, and with `push_to_hub` pushes the folder once they are written (the Trainer would push before). Like
+        transformers' own sharded saves, a final save is collective: call it on every process."""
         if _internal_call:  # a checkpoint's: `_save_checkpoint` explains its write errors
             super().save_model(output_dir, _internal_call)
             return
         output_dir = output_dir if output_dir is not None else self.args.output_dir
-        with explain_write_errors(output_dir):
-            super().save_model(output_dir, _internal_call)
+        push_to_hub, self.args.push_to_hub = self.args.push_to_hub, False  # pushed below, once complete
+        try:
+            with explain_write_errors(output_dir):
+                super().save_model(output_dir, _internal_call)
+        finally:
+            self.args.push_to_hub = push_to_hub
         self._write_tying_state(output_dir)
         if self.args.should_save and isinstance(self.model, TiedBlocksMixin):
             with explain_write_errors(output_dir):
                 self._write_plot_and_card(Path(output_dir))
+        if push_to_hub:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def create_model_card(self, model_name: str | None = None, eval_results: dict | None = None, **kwargs) -> None:
         """Write the hf-layertie card (map, distinct blocks, parameters, results, plot, loading code) as README.md.
