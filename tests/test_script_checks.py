@@ -181,3 +181,8 @@ def test_a_corrupt_checkpoint_index_is_named_whatever_its_error_type(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text("{ not json")
     with pytest.raises(ValueError, match=rf"--model_name_or_path {re.escape(str(tmp_path))}: could not load"):
         run(CAUSAL_LM, ["--model_name_or_path", str(tmp_path), "--output_dir", str(tmp_path / "o"), "--do_eval", "--max_eval_samples", "2"])
+
+
+def test_run_clm_refuses_a_masking_share_it_would_ignore():
+    with pytest.raises(ValueError, match=r"--mlm_probability 0.3: run_clm.py predicts each next token and masks nothing"):
+        parse_arguments(CAUSAL_LM, ["--mlm_probability", "0.3"])

@@ -101,6 +101,12 @@ def parse_arguments(task: LanguageModelingTask, argv: list[str] | None = None) -
         description=task.description,
     )
     _, data_args, training_args = arguments
+    default_mlm_probability = DataTrainingArguments.__dataclass_fields__["mlm_probability"].default
+    if not task.masked and data_args.mlm_probability != default_mlm_probability:
+        raise ValueError(
+            f"--mlm_probability {data_args.mlm_probability}: run_{task.name}.py predicts each next token and masks "
+            "nothing; the share of masked tokens is run_mlm.py's setting"
+        )
     if not (training_args.do_train or training_args.do_eval):
         raise ValueError("Nothing to do: pass --do_train, --do_eval or both (see --help)")
     names_training_data = data_args.train_file is not None or data_args.dataset_name is not None
