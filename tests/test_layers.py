@@ -15,7 +15,7 @@ ALLOWED = {
     "dlt": {"models", "checks"},
     "decisions": {"dlt", "block_similarity", "relaxed_ties", "models", "checks"},
     "trainer": {"decisions", "dlt", "block_similarity", "relaxed_ties", "models", "model_card", "checks"},
-    "toolkit": {"trainer", "models", "data"},
+    "toolkit": {"trainer", "models", "data", "checks"},
     "language_modeling": {"toolkit", "trainer", "models", "data", "metrics", "checks"},
     "lambada": {"toolkit", "trainer", "models", "data", "metrics"},
 }
