@@ -28,7 +28,11 @@ class DataTrainingArguments:
         default=None, metadata={"help": "Column holding the text (default: 'text', else the first column, said in the log)."}
     )
     validation_split_percentage: int = field(
-        default=5, metadata={"help": "Share of the train split used for evaluation when there is no validation split."}
+        default=5,
+        metadata={
+            "help": "Share of the train split used for evaluation when there is no validation split: its last rows, or "
+            "with --streaming (a stream's end is unknown) the rows whose index modulo 100 is below it."
+        },
     )
     block_size: int | None = field(
         default=None,
