@@ -98,6 +98,9 @@ def test_a_run_resumed_mid_way_reports_the_whole_runs_training_loss(finished_run
     assert resumed.keys() == uninterrupted.keys()
     assert resumed["total_flos"] == uninterrupted["total_flos"]
     assert json.loads((folder / "all_results.json").read_text()) == resumed
+    log_history = json.loads((folder / "trainer_state.json").read_text())["log_history"]
+    summary = next(entry for entry in reversed(log_history) if "train_runtime" in entry)  # the Trainer's closing entry
+    assert summary["train_loss"] == resumed["train_loss"] and summary["train_runtime"] == resumed["train_runtime"]
 
 
 def test_a_run_killed_during_its_final_save_finishes_with_every_training_metric(finished_run, text_files, tmp_path):

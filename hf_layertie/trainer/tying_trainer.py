@@ -264,7 +264,8 @@ class TyingTrainer(Trainer):
 
         The training metrics (`train_loss`, `train_runtime`, `train_*_per_second`, `total_flos`) are the whole
         run's, over every sitting (`TrainingTotals`): resumed from a checkpoint, the mean loss of all the steps
-        since the start, not of those this call trained. A checkpoint that already reached `max_steps` (or the
+        since the start, not of those this call trained; the Trainer's closing entry of `log_history` is given the
+        same numbers. A checkpoint that already reached `max_steps` (or the
         output folder of a finished run) is not trained further: the model, the decisions and the trainer state are
         restored from it, and the run ends there with the metrics it had. `resume_from_checkpoint=True` resumes
         from the last complete checkpoint in `output_dir` (one a crash left without its tying state is skipped).
@@ -284,9 +285,18 @@ class TyingTrainer(Trainer):
             self._totals, self._sitting_start = self._training_totals(metrics["train_runtime"]), None
             self._finish_decisions()
         metrics.update(self._totals.metrics(self.state.global_step, self._samples_per_step(), self.state.total_flos))
+        self._summarise_in_log_history(metrics)
         if self.distillation is not None:
             metrics["teacher_parameters_mib"] = self.distillation.parameters_mib
         return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
+
+    def _summarise_in_log_history(self, metrics: dict[str, float]) -> None:
+        """Put the whole run's training metrics into the Trainer's closing entry of `log_history` (saved in
+        `trainer_state.json`), which holds this sitting's: one run, one set of numbers, as
+        `TrainingTotals.summarised_in` reads them back."""
+        summary = next((entry for entry in reversed(self.state.log_history) if "train_runtime" in entry), None)
+        if summary is not None:
+            summary.update({key: value for key, value in metrics.items() if key in summary})
 
     def _finish_from(self, checkpoint: str) -> dict[str, float]:
         logger.warning(f"{checkpoint} is at max_steps={self.args.max_steps} already: finishing the run from it, training no step")
