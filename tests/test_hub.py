@@ -338,3 +338,43 @@ def test_a_checkpoint_or_final_model_pushed_holds_its_tying_state(hub_server: Hu
     assert "last-checkpoint/tying_state.pt" in files and "last-checkpoint/trainer_state.json" in files
     assert {"tying_state.pt", "model.safetensors", "README.md"} <= set(files)
     assert hub_server.unhandled == []
+
+
+PUSH_LAMBADA = """
+import sys
+
+import torch
+
+from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel
+from hf_layertie.lambada.run import run_lambada
+from hf_layertie.toolkit import load_tokenizer
+
+checkpoint, lambada_file, output_dir, repo_id = sys.argv[1:5]
+tokenizer = load_tokenizer("gpt2")
+torch.manual_seed(0)
+config = TiedGPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=len(tokenizer), n_positions=256, tying_map=[0, 0])
+TiedGPT2LMHeadModel(config).save_pretrained(checkpoint)
+tokenizer.save_pretrained(checkpoint)
+run_lambada([
+    "--model_name_or_path", checkpoint, "--lambada_file", lambada_file, "--do_eval", "--max_eval_passages", "4",
+    "--output_dir", output_dir, "--report_to", "none", "--push_to_hub", "--hub_model_id", repo_id,
+])
+"""
+
+
+@pytest.mark.slow
+def test_run_lambada_pushes_the_scored_model_and_its_card(hub_server: HubServer, tmp_path):  # noqa: F811
+    from hf_layertie.data import LAMBADA_TEST_FILE
+
+    lambada = tmp_path / "lambada.jsonl"
+    lambada.write_text("\n".join(LAMBADA_TEST_FILE.read_text(encoding="utf-8").splitlines()[:4]) + "\n")
+    repo_id = "org/tied-lambada"
+    run_python(
+        PUSH_LAMBADA, tmp_path / "checkpoint", lambada, tmp_path / "out", repo_id,
+        env=hub_server.client_env(tmp_path / "home"), cwd=tmp_path,
+    )  # fmt: skip
+    _, files = hub_server.hub.files(repo_id, "main")
+    assert {"model.safetensors", "config.json", "README.md"} <= set(files)
+    card = hub_server.hub.blob_path(files["README.md"]).read_text()
+    assert "lambada" in card.lower() and card == (tmp_path / "out" / "README.md").read_text()
+    assert hub_server.unhandled == []
