@@ -149,9 +149,9 @@ def test_a_finished_run_run_again_with_do_eval_evaluates_its_model_training_no_s
     assert (tmp_path / "model.safetensors").read_bytes() == weights
 
 
-def test_the_count_baseline_counts_the_blocks_trained_on_and_scores_those_evaluated(tmp_path, text_files):
-    """Beside a model trained on --max_train_samples blocks and evaluated on --max_eval_samples, the bigram is
-    counted and scored on the same blocks, not on the whole splits."""
+def test_the_count_baseline_counts_the_training_blocks_kept_and_scores_those_evaluated(tmp_path, text_files):
+    """Beside a model trained on the first --max_train_samples blocks and evaluated on --max_eval_samples, the bigram
+    is counted on the blocks kept for training and scored on those evaluated, not on the whole splits."""
     from hf_layertie.language_modeling.run import _text_data_and_model, parse_arguments
     from hf_layertie.toolkit.baselines import bigram_loss
 
@@ -228,6 +228,7 @@ def test_help_explains_the_default_and_the_flags_on_top(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "With no data or model arguments" in text and "every flag given overrides it" in text
     assert "--tying_strategy" in text and "--max_distinct_blocks" in text
+    assert "The batch size per device for training. (default: 16)" in text  # the embedded default's, not 8
 
 
 def write(path, text):

@@ -163,16 +163,36 @@ def test_config_overrides_on_the_default_apply_after_its_own_under_either_spelli
     assert model.config_overrides == json.loads(CAUSAL_LM.default_arguments.read_text())["config_overrides"] + ",n_layer=2"
 
 
-def test_a_tokenizer_larger_than_the_checkpoint_s_vocabulary_gets_an_embedding_row_per_token(tmp_path):
+@pytest.mark.parametrize("model_type", ["tied_gpt2", "tied_bert"])
+def test_a_tokenizer_larger_than_the_checkpoint_s_vocabulary_gets_an_embedding_row_per_token(tmp_path, model_type):
     """As transformers' run_clm.py: otherwise the first token id past the table fails inside the forward pass."""
-    from hf_layertie.language_modeling.run import _load_model
-    from hf_layertie.toolkit import ModelArguments
+    from transformers import BertConfig, BertForMaskedLM
 
-    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=100)).save_pretrained(tmp_path)
-    tokenizer = load_tokenizer("shakespeare-bpe")
-    model = _load_model(CAUSAL_LM, ModelArguments(model_name_or_path=str(tmp_path)), tokenizer)
+    from hf_layertie.toolkit import load_model
+
+    masked = model_type == "tied_bert"
+    small = dict(vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
+    plain = BertForMaskedLM(BertConfig(**small)) if masked else GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=100))
+    plain.save_pretrained(tmp_path)
+    tokenizer = load_tokenizer("shakespeare-wordpiece" if masked else "shakespeare-bpe", masked=masked)
+    model = load_model(model_type, tokenizer, str(tmp_path))
     assert model.get_input_embeddings().weight.shape[0] == len(tokenizer) > 100
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    logits = model(input_ids=torch.tensor([[len(tokenizer) - 1, 5]])).logits
+    assert logits.shape[-1] == len(tokenizer)
+
+
+def test_a_relaxed_checkpoint_is_not_resized_but_refused_naming_both_sizes(tmp_path):
+    from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel
+    from hf_layertie.relaxed_ties import relax_ties
+    from hf_layertie.toolkit import load_model
+
+    model = TiedGPT2LMHeadModel(TiedGPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=100, tying_map=[0, 0]))
+    relax_ties(model, 2, "zero")
+    model.save_pretrained(tmp_path)
+    tokenizer = load_tokenizer("shakespeare-bpe")
+    with pytest.raises(ValueError, match=rf"its embedding has 100 rows and the tokenizer {len(tokenizer)} tokens, and this model's embedding cannot be resized"):
+        load_model("tied_gpt2", tokenizer, str(tmp_path))
 
 
 def test_a_corrupt_checkpoint_index_is_named_whatever_its_error_type(tmp_path):

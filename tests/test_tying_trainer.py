@@ -711,11 +711,13 @@ def test_a_resume_brings_an_optimizer_passed_in_along_to_the_checkpoint_s_map(tm
     assert held == [parameter for parameter in model.parameters() if parameter.requires_grad]
 
 
-def test_resume_from_checkpoint_true_skips_a_checkpoint_a_crash_left_incomplete(tmp_path):
+def test_resume_from_checkpoint_true_skips_a_checkpoint_a_crash_left_incomplete(tmp_path, caplog):
     make_trainer(tmp_path, max_steps=4, save_strategy="steps", save_steps=2).train()
     (tmp_path / "checkpoint-4" / TYING_STATE_NAME).unlink()  # a crash before the tying state, written last
     resumed = make_trainer(tmp_path, max_steps=6, save_strategy="steps", save_steps=2)
-    assert resumed.train(resume_from_checkpoint=True).global_step == 6  # from checkpoint-2, the last complete one
+    with caplog.at_level("WARNING"):
+        assert resumed.train(resume_from_checkpoint=True).global_step == 6
+    assert f"Skipping {tmp_path / 'checkpoint-4'}: an interrupted save left it without {TYING_STATE_NAME}" in caplog.text
 
     empty = tmp_path / "empty"
     with pytest.raises(ValueError, match=f"resume_from_checkpoint=True: no complete checkpoint in {re.escape(str(empty))}"):

@@ -115,8 +115,8 @@ def _evaluate_and_fine_tune(
         trainer.log_metrics("eval", metrics)
         trainer.save_metrics("eval", metrics)
         trainer.create_model_card(eval_results={"lambada": scores})
-    if training_args.push_to_hub:  # the model, its tying state and the card with the scores, as run_clm.py pushes
-        trainer.push_to_hub()
+    if training_args.push_to_hub:  # the model and the card with the scores (`push_to_hub` writes the card again)
+        trainer.push_to_hub(**({"eval_results": {"lambada": scores}} if training_args.do_eval else {}))
     return metrics
 
 

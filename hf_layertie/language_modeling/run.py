@@ -278,7 +278,7 @@ def _load_model(task: LanguageModelingTask, model_args: ModelArguments, tokenize
         model_type = model_args.model_type or task.model_types[0]
     if model_type not in task.model_types:
         raise ValueError(f"--model_type {model_type!r} does not fit run_{task.name}.py; expected one of {', '.join(task.model_types)}")
-    model = load_model(
+    return load_model(
         model_type,
         tokenizer,
         model_args.model_name_or_path,
@@ -286,14 +286,6 @@ def _load_model(task: LanguageModelingTask, model_args: ModelArguments, tokenize
         **model_args.loading_options,
         **model_args.hub_options,
     )
-    embedding_size = model.get_input_embeddings().weight.shape[0]
-    if len(tokenizer) > embedding_size:  # as transformers' run_clm.py: else a token id past the table fails late
-        logger.warning(
-            f"The tokenizer has {len(tokenizer)} tokens, the model's embedding {embedding_size}: resizing the embedding "
-            f"(the new rows are untrained)"
-        )
-        model.resize_token_embeddings(len(tokenizer))
-    return model
 
 
 def _collator(task: LanguageModelingTask, tokenizer, mlm_probability: float):
@@ -303,8 +295,9 @@ def _collator(task: LanguageModelingTask, tokenizer, mlm_probability: float):
 
 
 def _baseline(task: LanguageModelingTask, tokenizer, counted, evaluated) -> dict[str, float]:
-    """The count baseline of the same tokenization, counted on `counted` (the blocks the model trained on, or the
-    training split when it only evaluates), scored on the blocks the model was evaluated on (see
+    """The count baseline of the same tokenization, counted on `counted` (the training blocks kept, after
+    --max_train_samples, or the training split when the model only evaluates), scored on the blocks the model was
+    evaluated on (see
     `hf_layertie.toolkit.baselines`); none without training text to count (a --validation_file evaluated alone)."""
     if counted is None:
         return {}

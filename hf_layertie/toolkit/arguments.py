@@ -114,11 +114,11 @@ def parse_command_line(
         return parser.parse_json_file(json_file=argv[0])
     if len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
         return parser.parse_yaml_file(yaml_file=argv[0])
-    if default_file is None or _given(parser, argv, OWN_DATA_OR_MODEL_SETTINGS):
+    if default_file is None or _given(dataclass_types, argv, OWN_DATA_OR_MODEL_SETTINGS):
         return parser.parse_args_into_dataclasses(args=argv)
     defaults = json.loads(Path(default_file).read_text())
     print(f"No data or model arguments: the embedded default ({default_file}) with the flags given on top", file=sys.stderr)
-    given = _given(parser, argv, tuple(defaults))
+    given = _given(dataclass_types, argv, tuple(defaults))
     parser.set_defaults(**defaults)
     parser.set_defaults(**dict.fromkeys(_unread_default_settings(defaults, given)))
     parsed = parser.parse_args_into_dataclasses(args=argv)
@@ -128,14 +128,16 @@ def parse_command_line(
     return parsed
 
 
-def _given(parser: HfArgumentParser, argv: list[str], names: tuple[str, ...]) -> dict:
+def _given(dataclass_types: tuple[type, ...], argv: list[str], names: tuple[str, ...]) -> dict:
     """The values `argv` gives to the settings `names`, under any spelling of their flags.
 
     argparse only fills the defaults of the names a namespace lacks, so a namespace holding a marker for every name
-    tells the values given in `argv` from the rest.
+    tells the values given in `argv` from the rest. The probe has no `--help` of its own: `--help` is the full
+    parser's, which shows the embedded default's values.
     """
     marker = object()
-    namespace, _ = parser.parse_known_args(argv, namespace=argparse.Namespace(**dict.fromkeys(names, marker)))
+    probe = HfArgumentParser(dataclass_types, add_help=False)
+    namespace, _ = probe.parse_known_args(argv, namespace=argparse.Namespace(**dict.fromkeys(names, marker)))
     return {name: getattr(namespace, name) for name in names if getattr(namespace, name, marker) is not marker}
 
 

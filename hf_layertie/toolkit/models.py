@@ -145,7 +145,9 @@ def load_model(
     model_class, auto_class = TIED_MODELS[model_type]
     options = _loading_options(torch_dtype, attn_implementation, from_scratch=name_or_path is None)
     if name_or_path is not None:
-        return _from_checkpoint(model_class, name_or_path, **options, **hub_options)
+        model = _from_checkpoint(model_class, name_or_path, **options, **hub_options)
+        _fit_embedding_to_tokenizer(model, tokenizer, name_or_path)
+        return model
     special_ids = {
         key: getattr(tokenizer, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(tokenizer, key) is not None
     }
@@ -167,6 +169,24 @@ def load_model(
             f"intermediate_size=512,num_attention_heads=4')"
         )
     return auto_class.from_config(config, **options)
+
+
+def _fit_embedding_to_tokenizer(model: PreTrainedModel, tokenizer, name_or_path: str) -> None:
+    """Give every token of a tokenizer larger than the checkpoint's vocabulary an embedding row, as transformers'
+    run_clm.py does (else the first id past the table fails inside the forward pass); refused, naming both, for a
+    model whose embedding cannot be resized (relaxed ties: adapters wrap the layers its tie goes through)."""
+    embedding_size = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) <= embedding_size:
+        return
+    logger.warning(f"The tokenizer has {len(tokenizer)} tokens, {name_or_path}'s embedding {embedding_size}: resizing it (the new rows are untrained)")
+    try:
+        model.resize_token_embeddings(len(tokenizer))
+    except (KeyError, RuntimeError, ValueError) as error:
+        raise ValueError(
+            f"--model_name_or_path {name_or_path}: its embedding has {embedding_size} rows and the tokenizer "
+            f"{len(tokenizer)} tokens, and this model's embedding cannot be resized ({type(error).__name__}: {error}); "
+            f"use a tokenizer of at most {embedding_size} tokens (--tokenizer_name)"
+        ) from error
 
 
 def _loading_options(torch_dtype: str | None, attn_implementation: str | None, from_scratch: bool) -> dict:

@@ -20,7 +20,9 @@ from ..models.tied_blocks import RetieReport
 
 
 def sync_optimizer_with_model(optimizer: torch.optim.Optimizer, model: nn.Module, report: RetieReport) -> None:
-    """Make `optimizer` hold exactly the model's distinct trainable Parameters, in `named_parameters()` order.
+    """Make `optimizer` hold the model's distinct trainable Parameters, in `named_parameters()` order, and after
+    them in each group those it holds from outside the model (a learnable loss weight), in their order (moved to
+    the group's end: every sitting does so alike before an `optimizer.pt` loads).
 
     - Parameters that disappeared are dropped with their state (the memory is freed).
     - A fresh Parameter of an untied block joins the param group of the Parameter it was copied from and

@@ -305,8 +305,14 @@ class TyingTrainer(Trainer):
         if self._totals.start_step:  # saved without totals: a finished run's folder from before they existed
             self._totals = TrainingTotals.summarised_in(self.state.log_history) or self._totals
         self._finish_decisions()
-        if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
-            self._load_best_model()  # as the run would have ended uninterrupted
+        # From the last checkpoint, as the run would have ended uninterrupted; a finished run's output folder holds
+        # the best model already. A best checkpoint gone since is left, as the Trainer leaves it (with a warning).
+        best = self.state.best_model_checkpoint
+        if self.args.load_best_model_at_end and best is not None and Path(checkpoint).name.startswith(PREFIX_CHECKPOINT_DIR):
+            if os.path.isdir(best):
+                self._load_best_model()
+            else:
+                logger.warning(f"Could not find the best model at {best}: the run ends on {checkpoint}'s model")
         return {"epoch": self.state.epoch}
 
     def _training_totals(self, sitting_runtime: float | None = None) -> TrainingTotals:
