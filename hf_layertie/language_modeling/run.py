@@ -295,10 +295,9 @@ def _collator(task: LanguageModelingTask, tokenizer, mlm_probability: float):
 
 
 def _baseline(task: LanguageModelingTask, tokenizer, counted, evaluated) -> dict[str, float]:
-    """The count baseline of the same tokenization, counted on `counted` (the training blocks kept, after
-    --max_train_samples, or the training split when the model only evaluates), scored on the blocks the model was
-    evaluated on (see
-    `hf_layertie.toolkit.baselines`); none without training text to count (a --validation_file evaluated alone)."""
+    """The count baseline of the same tokenization (`hf_layertie.toolkit.baselines`), counted on `counted` (the
+    training blocks kept, after --max_train_samples, or the training split when the model only evaluates) and scored
+    on the blocks the model was evaluated on; none without training text to count (a --validation_file alone)."""
     if counted is None:
         return {}
     train, validation = counted["input_ids"], evaluated["input_ids"]

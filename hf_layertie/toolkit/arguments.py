@@ -114,11 +114,13 @@ def parse_command_line(
         return parser.parse_json_file(json_file=argv[0])
     if len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
         return parser.parse_yaml_file(yaml_file=argv[0])
-    if default_file is None or _given(dataclass_types, argv, OWN_DATA_OR_MODEL_SETTINGS):
+    if default_file is None:
         return parser.parse_args_into_dataclasses(args=argv)
     defaults = json.loads(Path(default_file).read_text())
+    given = _given(dataclass_types, argv, (*OWN_DATA_OR_MODEL_SETTINGS, *defaults))
+    if any(name in given for name in OWN_DATA_OR_MODEL_SETTINGS):
+        return parser.parse_args_into_dataclasses(args=argv)
     print(f"No data or model arguments: the embedded default ({default_file}) with the flags given on top", file=sys.stderr)
-    given = _given(dataclass_types, argv, tuple(defaults))
     parser.set_defaults(**defaults)
     parser.set_defaults(**dict.fromkeys(_unread_default_settings(defaults, given)))
     parsed = parser.parse_args_into_dataclasses(args=argv)
