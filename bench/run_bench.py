@@ -34,6 +34,7 @@ from bench.settings import (  # noqa: E402
     at_learning_rates,
     core_runs,
     freeze_recipe,
+    grid_seed,
     parse_learning_rates,
     parse_rows,
     memory_runs,
@@ -64,7 +65,7 @@ def main() -> None:
         grid = parse_learning_rates(args.tune_learning_rates)
         # Strategy by strategy, each at every rate, so that a tuning stopped early has whole grids for its first ones;
         # the controls take their strategy's rate (control_runs).
-        grid_runs = [at_learning_rate(spec, rate, settings) for spec in core_runs(settings, settings.seeds[0]) for rate in grid]
+        grid_runs = [at_learning_rate(spec, rate, settings) for spec in core_runs(settings, grid_seed(settings)) for rate in grid]
         failures = []
         if not args.report_only:
             scheduler = Scheduler(settings, output, args.jobs, with_memory=False, with_study=False)

@@ -94,6 +94,10 @@ class BenchSettings:
     # folder is claimed (`freeze_recipe`), instead of the schedule and weight decay above: the presets run after the
     # choice (`depth-fresh`, `partial-depth`).
     frozen_recipe: bool = False
+    # The seed `--tune_learning_rates` trains its grid on. None: the first of `seeds`, whose runs at the chosen rates
+    # then count in the study too (default, paper: each row's seed-0 run there is the best of its grid on validation
+    # loss). A seed outside `seeds` keeps every seed the study reports out of the choice (partial).
+    tuning_seed: int | None = None
     # Whether the memory runs train with gradient checkpointing (transformers' `gradient_checkpointing`): each value
     # listed is a set of memory runs of its own, so that the report sets the two side by side. Tying cuts the training
     # state, not the activations, which checkpointing cuts. Like `seeds`, it says which runs to make, not how a run
@@ -109,7 +113,7 @@ class BenchSettings:
 
 
 # Settings that choose which runs to make, or how fast they go, not what a run measures: out of the fingerprint.
-SCHEDULING_SETTINGS = ("seeds", "num_threads", "memory_gradient_checkpointing", "fork_runs")
+SCHEDULING_SETTINGS = ("seeds", "tuning_seed", "num_threads", "memory_gradient_checkpointing", "fork_runs")
 
 
 # Settings added after runs were recorded, with the value that behaves as before: left out of a fingerprint at that
@@ -207,7 +211,9 @@ PRESETS: dict[str, BenchSettings] = {
 # schedule, 10 seeds, no agent and no controls. Rows: `untied, 4 blocks` and the same 4 blocks looped over 5, 6 and 8
 # positions, the repeats in the middle, at the start or at the end (`partial_loop_runs`). `n_layer` is the deepest
 # layout's 8 positions; every row sets its own depth.
-PRESETS["partial"] = dataclasses.replace(PRESETS["default"], n_layer=8, controls=False, partial_loops=True)
+PRESETS["partial"] = dataclasses.replace(
+    PRESETS["default"], n_layer=8, controls=False, partial_loops=True, seeds=tuple(range(1, 11)), tuning_seed=0
+)
 # Which recipe trains tied models reliably (issue 53, part 2): the depth preset's task, model and steps, its rows
 # limited to `recipe_runs`, gradient norms every 25 steps. A recipe is a results folder of its own, e.g.
 # `--lr_scheduler_type linear --weight_decay 0.01 --results_dir bench/results/recipe/linear-wd0.01`.
@@ -309,9 +315,10 @@ class BenchArguments:
     tune_learning_rates: str | None = field(
         default=None,
         metadata={
-            "help": "Comma-separated learning rates, e.g. '1e-3,3e-3,1e-2': train every strategy of the first seed at "
-            "each, write learning_rates.json (each strategy's rate with the lowest validation loss) and stop; a later "
-            "run of the study trains each strategy at its chosen rate (the first seed's runs are reused). With "
+            "help": "Comma-separated learning rates, e.g. '1e-3,3e-3,1e-2': train every strategy of the tuning seed "
+            "(--tuning_seed) at each, write learning_rates.json (each strategy's rate with the lowest validation loss) and "
+            "stop; a later run of the study trains each strategy at its chosen rate (the tuning seed's runs are reused "
+            "when it is one of the seeds). With "
             "--report_only, write learning_rates.json from the runs finished so far."
         },
     )
@@ -357,6 +364,9 @@ class BenchArguments:
     tying_interval: int | None = _override("k: optimizer steps between two decisions.")
     max_distinct_blocks: int | None = _override("The budget U: distinct blocks dlt, random and similarity may use.")
     seeds: str | None = _override("Comma-separated seeds, e.g. '0,1,2'; each seed is one paired replicate.")
+    tuning_seed: int | None = _override(
+        "The seed --tune_learning_rates trains on; unset in the preset, the first of the seeds (whose runs then count)."
+    )
     max_test_blocks: int | None = _override("Cap on the test blocks evaluated.")
     memory_depths: str | None = _override("Comma-separated depths of the memory runs, e.g. '12,24,48'.")
     memory_n_embd: int | None = _override("Hidden size of the memory runs.")
@@ -390,6 +400,11 @@ class BenchArguments:
     def __post_init__(self):
         if self.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
+
+
+def grid_seed(settings: BenchSettings) -> int:
+    """The seed `--tune_learning_rates` trains its grid on (`tuning_seed`)."""
+    return settings.seeds[0] if settings.tuning_seed is None else settings.tuning_seed
 
 
 def resolve_settings(args: BenchArguments) -> BenchSettings:

@@ -550,7 +550,8 @@ def test_the_partial_preset_loops_4_blocks_in_the_middle_at_the_start_and_at_the
     from hf_layertie.models.tying_map import TyingMap
 
     settings = PRESETS["partial"]
-    assert dataclasses.replace(settings, n_layer=12, controls=True, partial_loops=False) == PRESETS["default"]
+    default = dict(n_layer=12, controls=True, partial_loops=False, seeds=tuple(range(10)), tuning_seed=None)
+    assert dataclasses.replace(settings, **default) == PRESETS["default"]
     assert {spec.label: (spec.strategy, spec.num_blocks) for spec in independent_runs(settings, 3)} == PARTIAL_LOOPS
     assert core_runs(settings, 0) == independent_runs(settings, 0) and memory_runs(settings) == []  # tuned: every row
     for strategy, positions in list(PARTIAL_LOOPS.values())[1:]:
@@ -1054,8 +1055,21 @@ def test_tuning_some_rows_keeps_the_rates_the_other_rows_chose(tmp_path, monkeyp
     argv = ["run_bench.py", "--preset", "partial", "--results_dir", str(results), "--tune_learning_rates", "1e-3,3e-3,1e-2"]
     monkeypatch.setattr(sys, "argv", [*argv, "--rows", "untied, 4 blocks", "--report_only", "true"])
     main()
-    chosen = json.loads((results / "learning_rates.json").read_text())["chosen"]
+    tuning = json.loads((results / "learning_rates.json").read_text())
+    chosen = tuning["chosen"]
     assert chosen["untied, 4 blocks"] == chosen["loop middle, 5 positions (0 1 1 3 4)"] == 0.003  # the latter not tuned now
+    assert tuning["seed"] == 0
+
+
+def test_the_partial_study_reports_none_of_the_seed_its_rates_were_chosen_on(tmp_path):
+    """Each row's run at its chosen rate is the best of its grid on validation loss: among the reported seeds it would
+    flatter every row by its own amount."""
+    from bench.settings import grid_seed
+
+    settings = PRESETS["partial"]
+    assert grid_seed(settings) == 0 and settings.seeds == tuple(range(1, 11))
+    assert {spec.seed for _, spec in Scheduler(settings, tmp_path, 1, with_memory=False).queue} == set(settings.seeds)
+    assert grid_seed(PRESETS["default"]) == PRESETS["default"].seeds[0]  # its seed-0 runs count, as its README says
 
 
 def test_a_row_not_in_the_plan_is_refused_by_name_before_the_folder_is_claimed(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ from test_run_scripts import TINY_GPT2, text_files, tiny_flags  # noqa: F401 (fi
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from hf_layertie import TIED_MODELS
-from hf_layertie.language_modeling import CAUSAL_LM, run
+from hf_layertie.language_modeling import CAUSAL_LM, MASKED_LM, run
 from hf_layertie.language_modeling import multihop as hop_tasks
 from hf_layertie.language_modeling.run import parse_arguments
 from hf_layertie.toolkit import load_tokenizer, tied_model_type
@@ -203,6 +203,13 @@ def test_a_corrupt_checkpoint_index_is_named_whatever_its_error_type(tmp_path):
         run(CAUSAL_LM, ["--model_name_or_path", str(tmp_path), "--output_dir", str(tmp_path / "o"), "--do_eval", "--max_eval_samples", "2"])
 
 
-def test_run_clm_refuses_a_masking_share_it_would_ignore():
-    with pytest.raises(ValueError, match=r"--mlm_probability 0.3: run_clm.py predicts each next token and masks nothing"):
-        parse_arguments(CAUSAL_LM, ["--mlm_probability", "0.3"])
+def test_run_mlm_masks_the_share_given_else_bert_s():
+    assert parse_arguments(MASKED_LM, [])[1].masked_share == 0.15
+    assert parse_arguments(MASKED_LM, ["--mlm_probability", "0.3"])[1].masked_share == 0.3
+
+
+@pytest.mark.parametrize("share", ["0.3", "0.15"])
+def test_run_clm_refuses_a_masking_share_it_would_ignore(share):
+    """Given at all, even at run_mlm.py's default: the user asked for masking run_clm.py does not do."""
+    with pytest.raises(ValueError, match=rf"--mlm_probability {share}: run_clm.py predicts each next token and masks nothing"):
+        parse_arguments(CAUSAL_LM, ["--mlm_probability", share])

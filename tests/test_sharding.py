@@ -117,5 +117,5 @@ def test_sharding_an_unsharded_model_only(tmp_path):
 
 def test_tying_trainer_refuses_fsdp_naming_what_works(tmp_path):
     args = TyingTrainingArguments(output_dir=str(tmp_path), fsdp=True, use_cpu=True, report_to=[])
-    with pytest.raises(ValueError, match=r"TyingTrainer does not shard tied models with FSDP.*accelerate launch --multi_gpu.*shard_tied_model"):
+    with pytest.raises(ValueError, match=r"TyingTrainer does not train tied models under FSDP.*accelerate launch --multi_gpu.*shard_tied_model"):
         TyingTrainer(model=GPT2.tied_model([0, 0, 2, 2]).train(), args=args)

@@ -681,12 +681,12 @@ def test_model_init_is_refused_where_the_strategy_ties_the_model_it_was_given(tm
 
 
 def test_deepspeed_is_refused_for_tied_models_naming_what_works():
-    from hf_layertie.trainer.tying_trainer import _refuse_deepspeed
+    from hf_layertie.trainer.tying_trainer import _refuse_engine
 
     with pytest.raises(ValueError, match=r"not train tied models under DeepSpeed.*accelerate launch --multi_gpu.*shard_tied_model"):
-        _refuse_deepspeed(tiny_model(), deepspeed_enabled=True)
-    _refuse_deepspeed(tiny_model(), deepspeed_enabled=False)
-    _refuse_deepspeed(torch.nn.Linear(2, 2), deepspeed_enabled=True)  # a model with nothing tied trains as usual
+        _refuse_engine(tiny_model(), "DeepSpeed", enabled=True)
+    _refuse_engine(tiny_model(), "DeepSpeed", enabled=False)
+    _refuse_engine(torch.nn.Linear(2, 2), "DeepSpeed", enabled=True)  # a model with nothing tied trains as usual
 
 
 def test_a_resume_brings_an_optimizer_passed_in_along_to_the_checkpoint_s_map(tmp_path):

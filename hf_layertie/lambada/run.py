@@ -48,11 +48,10 @@ class LambadaArguments:
         default=0.1, metadata={"help": "With --do_train: the last share of the file held out for evaluation."}
     )
     block_size: int | None = field(default=None, metadata={"help": "Fine-tuning: tokens kept per passage (from the end)."})
-    lambada_batch_size: int = field(default=8, metadata={"help": "Passages per forward pass when scoring."})
     max_eval_passages: int | None = field(default=None, metadata={"help": "Score only the first N evaluation passages."})
 
     def __post_init__(self):
-        for name in ("block_size", "lambada_batch_size", "max_eval_passages"):
+        for name in ("block_size", "max_eval_passages"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"--{name} must be a positive integer, got {value!r}")
@@ -106,7 +105,7 @@ def _evaluate_and_fine_tune(
             trainer.model,
             tokenizer,
             eval_passages,
-            batch_size=lambada_args.lambada_batch_size,
+            batch_size=training_args.per_device_eval_batch_size,
             device=training_args.device,
             show_progress=not training_args.disable_tqdm,
         )

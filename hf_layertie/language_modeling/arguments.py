@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from .multihop import HOP_TASKS, check_hop_task_arguments
 
+DEFAULT_MLM_PROBABILITY = 0.15
+
 
 @dataclass
 class DataTrainingArguments:
@@ -40,7 +42,10 @@ class DataTrainingArguments:
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "Truncate the training set (debugging)."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Truncate the evaluation set."})
-    mlm_probability: float = field(default=0.15, metadata={"help": "run_mlm.py: share of tokens masked."})
+    mlm_probability: float | None = field(
+        default=None,
+        metadata={"help": f"run_mlm.py: share of tokens masked (default {DEFAULT_MLM_PROBABILITY}, BERT's); run_clm.py masks none."},
+    )
     keep_linebreaks: bool = field(default=True, metadata={"help": "Keep line breaks of .txt files."})
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
     streaming: bool = field(
@@ -54,7 +59,11 @@ class DataTrainingArguments:
         },
     )
     sample_max_new_tokens: int = field(
-        default=60, metadata={"help": "Tokens of the sample printed after training (run_clm.py); 0 prints none."}
+        default=60,
+        metadata={
+            "help": "Tokens of the sample printed after training on text (run_clm.py; run_mlm.py prints a filled-in mask "
+            "unless 0); 0 prints none. The generated tasks print accuracy by hop count instead."
+        },
     )
 
     def __post_init__(self):
@@ -69,9 +78,14 @@ class DataTrainingArguments:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"--{name} must be a positive integer, got {value!r}")
-        if not 0 < self.mlm_probability < 1:
+        if self.mlm_probability is not None and not 0 < self.mlm_probability < 1:
             raise ValueError(f"--mlm_probability must be in (0, 1), got {self.mlm_probability}")
         if not 0 < self.validation_split_percentage < 100:
             raise ValueError(f"--validation_split_percentage must be in (0, 100), got {self.validation_split_percentage}")
         if isinstance(self.sample_max_new_tokens, bool) or not isinstance(self.sample_max_new_tokens, int) or self.sample_max_new_tokens < 0:
             raise ValueError(f"--sample_max_new_tokens must be an integer >= 0, got {self.sample_max_new_tokens!r}")
+
+    @property
+    def masked_share(self) -> float:
+        """The share of tokens run_mlm.py masks: `--mlm_probability`, else the default."""
+        return DEFAULT_MLM_PROBABILITY if self.mlm_probability is None else self.mlm_probability

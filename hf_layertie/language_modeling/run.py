@@ -101,8 +101,7 @@ def parse_arguments(task: LanguageModelingTask, argv: list[str] | None = None) -
         description=task.description,
     )
     _, data_args, training_args = arguments
-    default_mlm_probability = DataTrainingArguments.__dataclass_fields__["mlm_probability"].default
-    if not task.masked and data_args.mlm_probability != default_mlm_probability:
+    if not task.masked and data_args.mlm_probability is not None:
         raise ValueError(
             f"--mlm_probability {data_args.mlm_probability}: run_{task.name}.py predicts each next token and masks "
             "nothing; the share of masked tokens is run_mlm.py's setting"
@@ -151,7 +150,8 @@ def _train_and_evaluate(
     finished = finished_training_step(output_dir, training_args.max_steps) if training_args.do_train else None
     if finished is not None:
         missing = _missing_final_outputs(output_dir)
-        asked = [] if missing else _asked_beyond_saved(training_args, _saved_metrics(output_dir))
+        saved = _saved_metrics(output_dir)
+        asked = [] if missing else _asked_beyond_saved(training_args, saved)
         if not missing and not asked:
             # Its results are those of the settings it ran under: this command's must be the same.
             check_resumes_saved_settings(training_args, output_dir, read_tying_state(output_dir))
@@ -159,7 +159,7 @@ def _train_and_evaluate(
                 f"Training in {output_dir} already finished at step {finished}: nothing is trained or changed. "
                 f"Pass a larger --max_steps to continue it, or a new --output_dir to train again."
             )
-            return _saved_metrics(output_dir)
+            return saved
         wanted = ", ".join([*missing, *asked])
         logger.warning(f"Training in {output_dir} finished at step {finished} without {wanted}: producing them, training no step")
     set_seed(training_args.seed)
@@ -193,7 +193,7 @@ def _train_and_evaluate(
         eval_dataset=eval_dataset if training_args.do_eval else None,
         reward_dataset=reward_dataset,
         processing_class=tokenizer,
-        data_collator=_collator(task, tokenizer, data_args.mlm_probability),
+        data_collator=_collator(task, tokenizer, data_args.masked_share),
         model_card_kwargs={"dataset_names": [_dataset_label(data_args)], "base_model": model_args.model_name_or_path},
     )
 
@@ -355,8 +355,7 @@ def _fill_mask_sample(model, tokenizer, block: list[int]) -> str:
 
 def _missing_final_outputs(output_dir: str) -> list[str]:
     """What a finished training run in `output_dir` should have left and has not."""
-    present = [name for name in FINAL_OUTPUTS if (Path(output_dir) / name).is_file()]
-    return missing_checkpoint_files(output_dir) + [name for name in FINAL_OUTPUTS if name not in present]
+    return missing_checkpoint_files(output_dir) + [name for name in FINAL_OUTPUTS if not (Path(output_dir) / name).is_file()]
 
 
 def _data_source(data_args: DataTrainingArguments) -> str:

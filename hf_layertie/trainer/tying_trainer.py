@@ -124,12 +124,12 @@ class TyingTrainer(Trainer):
     ):
         if not isinstance(args, TyingTrainingArguments):
             raise TypeError(f"TyingTrainer needs args of type TyingTrainingArguments, got {type(args).__name__}")
-        _refuse_fsdp(model, bool(args.fsdp))
+        _refuse_engine(model, "FSDP", bool(args.fsdp))
         _refuse_model_init(args, kwargs.get("model_init"))
         _report_to_installed_tensorboard_only(args)
         super().__init__(model=model, args=args, **kwargs)
-        _refuse_fsdp(self.model, self.is_fsdp_enabled)  # accelerate's FSDP plugin (`accelerate launch --use_fsdp`)
-        _refuse_deepspeed(self.model, self.is_deepspeed_enabled)
+        _refuse_engine(self.model, "FSDP", self.is_fsdp_enabled)  # accelerate's plugin (`accelerate launch --use_fsdp`)
+        _refuse_engine(self.model, "DeepSpeed", self.is_deepspeed_enabled)
         self.model_card_kwargs = dict(model_card_kwargs or {})
         self.tying_seconds = dict.fromkeys(OVERHEAD_PARTS, 0.0)
         self.history = TyingHistory(args.output_dir)
@@ -536,19 +536,14 @@ class TyingTrainer(Trainer):
         `push_to_hub`, the checkpoint is pushed once complete, which the Trainer would do before the tying state."""
         run_dir = trainer_output_dir(self, trial)
         folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        save_total_limit, self.args.save_total_limit = self.args.save_total_limit, None
-        push_to_hub, self.args.push_to_hub = self.args.push_to_hub, False
-        try:
-            with explain_write_errors(folder):
-                super()._save_checkpoint(model, trial)
-        finally:
-            self.args.save_total_limit, self.args.push_to_hub = save_total_limit, push_to_hub
+        with _set_aside(self.args, save_total_limit=None, push_to_hub=False) as asked, explain_write_errors(folder):
+            super()._save_checkpoint(model, trial)
         self._write_tying_state(folder)
         self.history.flush(self.args.should_save)
-        if push_to_hub:
+        if asked["push_to_hub"]:
             self._push_from_checkpoint(folder)
         if self.args.should_save:
-            rotate_checkpoints(run_dir, save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
+            rotate_checkpoints(run_dir, asked["save_total_limit"], self.state.best_model_checkpoint, use_mtime=True)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         state = read_tying_state(resume_from_checkpoint)
@@ -608,17 +603,13 @@ class TyingTrainer(Trainer):
             super().save_model(output_dir, _internal_call)
             return
         output_dir = output_dir if output_dir is not None else self.args.output_dir
-        push_to_hub, self.args.push_to_hub = self.args.push_to_hub, False  # pushed below, once complete
-        try:
-            with explain_write_errors(output_dir):
-                super().save_model(output_dir, _internal_call)
-        finally:
-            self.args.push_to_hub = push_to_hub
+        with _set_aside(self.args, push_to_hub=False) as asked, explain_write_errors(output_dir):
+            super().save_model(output_dir, _internal_call)
         self._write_tying_state(output_dir)
         if self.args.should_save and isinstance(self.model, TiedBlocksMixin):
             with explain_write_errors(output_dir):
                 self._write_plot_and_card(Path(output_dir))
-        if push_to_hub:
+        if asked["push_to_hub"]:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def create_model_card(self, model_name: str | None = None, eval_results: dict | None = None, **kwargs) -> None:
@@ -710,28 +701,44 @@ def _matplotlib_installed() -> bool:
     return True
 
 
-def _refuse_fsdp(model, fsdp_enabled: bool) -> None:
-    """The Trainer's FSDP wraps blocks one by one, while a shared Parameter must live in one FSDP group, and no FSDP
-    engine follows a change of which Parameters are shared: refuse, naming what works."""
-    if fsdp_enabled and isinstance(model, TiedBlocksMixin):
-        raise ValueError(
-            "TyingTrainer does not shard tied models with FSDP (fsdp / accelerate's FSDP plugin): FSDP would wrap tied "
-            "blocks in separate groups and cannot follow re-ties. Train on several processes with DDP (accelerate "
-            "launch --multi_gpu), or shard the model yourself with hf_layertie.shard_tied_model and re-tie it with "
-            "retie_sharded under torchrun (docs/multi-process.md)"
-        )
+@contextmanager
+def _set_aside(args: TyingTrainingArguments, **values):
+    """Give `args` fields `values` for the Trainer's part of a save, yielding the user's, restored after: the Trainer
+    would push and rotate checkpoints out before the tying state is written, so this trainer does both after it."""
+    asked = {name: getattr(args, name) for name in values}
+    for name, value in values.items():
+        setattr(args, name, value)
+    try:
+        yield asked
+    finally:
+        for name, value in asked.items():
+            setattr(args, name, value)
 
 
-def _refuse_deepspeed(model, deepspeed_enabled: bool) -> None:
-    """DeepSpeed's engine flattens the parameters it was given and hooks their gradients, so the Parameters a re-tie
-    adds would never be updated, and the Trainer resumes a DeepSpeed run without `_load_from_checkpoint`, which
-    restores the map and the strategy: refuse, naming what works."""
-    if deepspeed_enabled and isinstance(model, TiedBlocksMixin):
+# Engines the Trainer can hand a model to that cannot train a tied one, with why: each is refused by name.
+_ENGINES_THAT_CANNOT_FOLLOW_RETIES = {
+    "FSDP": (
+        "fsdp / accelerate's FSDP plugin",
+        # A shared Parameter must live in one FSDP group, and no FSDP engine follows a change of what is shared.
+        "FSDP would wrap tied blocks in separate groups and cannot follow re-ties",
+    ),
+    "DeepSpeed": (
+        "deepspeed / accelerate's DeepSpeed plugin",
+        # The engine flattens the Parameters it was given and hooks their gradients, so those a re-tie adds would
+        # never be updated; the Trainer resumes DeepSpeed runs without `_load_from_checkpoint` (map and strategy).
+        "its engine cannot follow re-ties, and its resume skips the tying state",
+    ),
+}
+
+
+def _refuse_engine(model, engine: str, enabled: bool) -> None:
+    """Refuse to hand a tied model to `engine` (a key of `_ENGINES_THAT_CANNOT_FOLLOW_RETIES`), naming what works."""
+    if enabled and isinstance(model, TiedBlocksMixin):
+        how_enabled, why = _ENGINES_THAT_CANNOT_FOLLOW_RETIES[engine]
         raise ValueError(
-            "TyingTrainer does not train tied models under DeepSpeed (deepspeed / accelerate's DeepSpeed plugin): its "
-            "engine cannot follow re-ties, and its resume skips the tying state. Train on several processes with DDP "
-            "(accelerate launch --multi_gpu), or shard the model with hf_layertie.shard_tied_model under torchrun "
-            "(docs/multi-process.md)"
+            f"TyingTrainer does not train tied models under {engine} ({how_enabled}): {why}. Train on several "
+            "processes with DDP (accelerate launch --multi_gpu), or shard the model yourself with "
+            "hf_layertie.shard_tied_model and re-tie it with retie_sharded under torchrun (docs/multi-process.md)"
         )
 
 
