@@ -168,7 +168,9 @@ class _RowQueue:
             self.training_teacher.add(_family(row, seed))
         command = single_run_command(Path(__file__).resolve(), json.dumps([row.label, seed]))
         env = {"OMP_NUM_THREADS": "1"}
-        return Job(f"{row.label} seed {seed}", row_dir(self.output, row, seed), command, env, payload=(row, seed), forked=self.forked)
+        run_dir = row_dir(self.output, row, seed)
+        name = f"{row.label} seed {seed}"
+        return Job(name, run_dir, command, env, payload=(row, seed), forked=self.forked, result_file=run_dir / "result.json")
 
     def finished(self, job: Job, returncode: int) -> None:
         row, seed = job.payload

@@ -37,7 +37,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
 from bench.markdown_tables import estimate, refresh_markdown  # noqa: E402
 from bench.provenance import source_lines  # noqa: E402
 from bench.report import interval, load_result  # noqa: E402
-from bench.settings import PRESETS, RECIPE_FIRST, RECIPE_REPORT, folder_recipe, recipe_runs, untied_label  # noqa: E402
+from bench.settings import PRESETS, RECIPE_FIELDS, RECIPE_FIRST, RECIPE_REPORT, folder_recipe, recipe_runs, untied_label  # noqa: E402
 
 CHOICE_SEEDS = (0, 1, 2, 3, 4)  # the issue: a recipe is chosen on seeds 0-4, then frozen for fresh seeds 5-14
 # The rows a recipe is chosen on: the looped model whose lost seeds raised the question, and its rival at equal
@@ -52,6 +52,24 @@ def recipe_of(folder: Path) -> dict:
     """A results folder's recipe, named, from the settings it was measured under."""
     recipe = folder_recipe(folder)
     return {"name": f"{recipe['lr_scheduler_type']}, weight decay {recipe['weight_decay']:g}", **recipe}
+
+
+def check_recipes_alone_differ(folders: list[Path]) -> None:
+    """Refuse folders that differ in more than the recipe (steps, rates, task: their rows would be compared as
+    recipes), and two folders of one recipe (one would hide the other)."""
+    by_settings: dict[str, list[Path]] = {}
+    by_recipe: dict[str, list[Path]] = {}
+    for folder in folders:
+        fields = json.loads(json.loads((folder / "settings.json").read_text())["fingerprint"])
+        beside = json.dumps({name: value for name, value in fields.items() if name not in RECIPE_FIELDS}, sort_keys=True)
+        by_settings.setdefault(beside, []).append(folder)
+        by_recipe.setdefault(recipe_of(folder)["name"], []).append(folder)
+    if len(by_settings) > 1:
+        groups = "; ".join(", ".join(str(folder) for folder in group) for group in by_settings.values())
+        raise SystemExit(f"recipe folders measured under different settings besides the recipe ({groups}): compare one set")
+    for name, group in by_recipe.items():
+        if len(group) > 1:
+            raise SystemExit(f"recipe {name!r} in {len(group)} folders ({', '.join(map(str, group))}): keep one")
 
 
 def collect(folder: Path) -> dict[str, dict[int, dict]]:
@@ -143,6 +161,7 @@ def write_recipe_report(results: Path, report_dir: Path) -> Path:
     folders = sorted(folder for folder in results.iterdir() if (folder / "settings.json").is_file())
     if not folders:
         raise SystemExit(f"{results}: no recipe folders (each a results folder of `run_bench.py --preset recipe`)")
+    check_recipes_alone_differ(folders)
     described = {folder: recipe_of(folder) for folder in folders}
     recipes = {recipe["name"]: collect(folder) for folder, recipe in described.items()}
     payload = {

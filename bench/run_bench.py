@@ -163,7 +163,8 @@ class Scheduler:
             command = single_run_command(Path(__file__).resolve(), spec.to_json())
             env = {"TOKENIZERS_PARALLELISM": "false", **threads}
             forked = self.settings.fork_runs and spec.kind != "memory"  # a memory run's peak is a fresh process's
-            return Job(f"{spec.label} seed {spec.seed}", run_dir, command, env, payload=(order, spec), forked=forked)
+            name = f"{spec.label} seed {spec.seed}"
+            return Job(name, run_dir, command, env, payload=(order, spec), forked=forked, result_file=run_dir / RESULT_FILE)
         return None
 
     def _finish(self, job: Job, returncode: int) -> None:

@@ -57,6 +57,9 @@ class Job:
     # Started from a template that imported the script once (the module's docstring); `command` is then
     # `[python, script, *flags]`. For runs of seconds; never for a run whose process peak is measured.
     forked: bool = False
+    # The file whose presence marks the run finished. Checked again once the folder's lock is held: a second
+    # scheduler on the same results may have finished the run since this one queued it (it is then not rerun).
+    result_file: Path | None = None
 
     def failure(self, returncode: int) -> str:
         """The line a script's summary gives a failed run: its name, and its exit code and log, or the lock that kept
@@ -90,8 +93,8 @@ def run_jobs(next_job: Callable[[], Job | None], finished: Callable[[Job, int], 
     try:
         while True:
             while len(running) < jobs and (job := next_job()) is not None:
-                if (process := _start(job, templates)) is None:
-                    finished(job, LOCKED)
+                if isinstance(process := _start(job, templates), int):
+                    finished(job, process)  # LOCKED, or 0: finished meanwhile by another process
                 else:
                     running[job] = process
             if not running:
@@ -112,13 +115,17 @@ def _exit_on_sigterm(signum: int, frame) -> None:
     sys.exit(128 + signum)  # raises SystemExit here, so that `run_jobs` ends its children on the way out
 
 
-def _start(job: Job, templates: dict[tuple, Template]) -> subprocess.Popen | ForkedRun | None:
-    """`job`'s process, holding its folder's lock; None, the folder's log untouched, while another process holds it.
-    A forked job's template is started with the first job of its script and environment."""
+def _start(job: Job, templates: dict[tuple, Template]) -> subprocess.Popen | ForkedRun | int:
+    """`job`'s process, holding its folder's lock; else, the folder's log untouched, `LOCKED` while another process
+    holds the lock, or 0 when another process finished the run meanwhile (its `result_file` is there). A forked
+    job's template is started with the first job of its script and environment."""
     job.run_dir.mkdir(parents=True, exist_ok=True)
     lock = _lock(job.run_dir / LOCK_FILE)
     if lock is None:
-        return None
+        return LOCKED
+    if job.result_file is not None and job.result_file.is_file():
+        lock.close()
+        return 0
     env = {**os.environ, **job.env}
     with lock:
         if job.forked and sys.platform == "linux":  # macOS's system libraries are not fork-safe once loaded

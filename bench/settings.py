@@ -290,7 +290,7 @@ class BenchArguments:
     preset: Literal[tuple(PRESETS)] = field(
         default="default",
         metadata={
-            "help": "tiny: a 2-minute smoke test. default: the CPU study (10 seeds with controls: about 7 h on 2 cores, resumable). paper: the paper's "
+            "help": "tiny: a 2-minute smoke test. default: the CPU study (10 seeds with controls: about 8 h on 2 cores with its rate grid, resumable). paper: the paper's "
             "regime, one play for many epochs with dropout and model selection on validation, each run stopping 1,000 "
             "steps after its lowest validation loss (about 10 minutes per 12-block run beside another, 19 runs per seed). paper48: the same at 48 blocks x 32, budget 8 (11 to 13 minutes per run beside another, 5 seeds in about 8 h on 2 cores). depth: k-hop induction, "
             "where depth matters, 4 blocks with a budget of 2 (about 6 minutes per run on one core). partial: the default "
@@ -635,8 +635,9 @@ def other_strategy_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
 # at 13 positions); looping everything cost them. So: U blocks over U+1, U+2 and 2U positions, a loop of consecutive
 # blocks applied again right after itself, against U untied blocks (the same parameters, gradients and optimizer
 # state, less compute) and against the same loop at the start and at the end of the stack. The loop is as wide as
-# the extra positions at U+1 and U+2 (one block applied twice; two blocks run twice), and at 2U it is the whole
-# middle, every block but the first and the last (run U / (U-2) times). Canonical maps (each position names the
+# the extra positions, at most the U-2 blocks of the middle: at U+1 one block runs twice; at U+2 two blocks run twice
+# (U = 4), or one block three times (U = 3); at 2U the whole middle, every block but the first and the last, runs
+# 1 + U/(U-2) times (3 times at U = 4, 4 times at U = 3). Canonical maps (each position names the
 # first position with its weights), at U = 4:
 #   5 positions: middle 0 1 1 3 4 (the lower of the two middle blocks), start 0 0 2 3 4, end 0 1 2 3 3
 #   6 positions: middle 0 1 2 1 2 5, start 0 1 0 1 4 5, end 0 1 2 3 2 3

@@ -113,7 +113,8 @@ def measure(settings: BenchSettings, arguments: StepTimeArguments) -> dict:
     rounds, maps = [], {}
     for round_index in range(arguments.rounds):
         seconds = {}
-        for spec in specs:
+        start = round_index % len(specs)  # each round starts one layout later: none is always timed first or last
+        for spec in specs[start:] + specs[:start]:
             seconds[spec.label], maps[spec.label] = median_step_seconds(settings, spec, splits, tokenizer, arguments)
             print(f"round {round_index + 1}/{arguments.rounds}  {spec.label}: {seconds[spec.label]:.4f} s per step", flush=True)
         rounds.append(seconds)
@@ -151,7 +152,7 @@ def markdown(payload: dict) -> str:
     lines = [
         f"Seconds per training step of preset `{payload['preset']}`'s layouts, timed side by side in one process "
         f"(`python bench/step_time.py --preset {payload['preset']}`): {payload['rounds']} rounds, each timing every "
-        f"layout in turn for {payload['steps']} steps of {payload['batch'][0]} x {payload['batch'][1]} tokens after "
+        f"layout in turn, starting one layout later than the round before, for {payload['steps']} steps of {payload['batch'][0]} x {payload['batch'][1]} tokens after "
         f"{payload['warmup_steps']} untimed ones, one thread. Ratio: a layout's median step over `{payload['untied']}`'s "
         "in the same round, median over rounds (lowest, highest). Positions ratio: the blocks a step computes over "
         f"the untied model's. Hardware: {payload['hardware']}; 1-minute load average {payload['load_average_before']:.2f} "

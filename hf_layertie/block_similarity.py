@@ -40,7 +40,8 @@ def block_angular_distances(model: TiedBlocksMixin, inputs: Mapping[str, torch.T
     (attention_mask 0) are left out. Returns one value in [0, 1] per block.
     """
     blocks = model.tied_blocks
-    sums: list[torch.Tensor | float] = [0.0 for _ in blocks]  # each block's sum stays on the device its output is on
+    sums = [0.0 for _ in blocks]
+    counts = [0 for _ in blocks]  # tokens measured, counted where the angles are (`input_ids` or `inputs_embeds`)
     mask = inputs.get("attention_mask")
 
     def measure(index: int):
@@ -49,7 +50,10 @@ def block_angular_distances(model: TiedBlocksMixin, inputs: Mapping[str, torch.T
             after = _hidden_state(output).float()
             cosine = torch.nn.functional.cosine_similarity(before, after, dim=-1).clamp(-1.0, 1.0)
             angles = torch.arccos(cosine) / torch.pi
-            sums[index] = sums[index] + ((angles * mask).sum() if mask is not None else angles.sum()).double()
+            if mask is not None:
+                angles = angles[mask.bool()]
+            sums[index] += angles.sum().item()  # a Python float: float64 on every device (MPS has none)
+            counts[index] += angles.numel()
 
         return hook
 
@@ -57,13 +61,14 @@ def block_angular_distances(model: TiedBlocksMixin, inputs: Mapping[str, torch.T
     was_training = model.training
     model.eval()
     try:
-        model(**{key: value for key, value in inputs.items() if key != "labels"})
+        model(**{key: value for key, value in inputs.items() if key != "labels"}, use_cache=False)
     finally:
         model.train(was_training)
         for handle in handles:
             handle.remove()
-    tokens = float(mask.sum()) if mask is not None else float(next(iter(inputs.values())).numel())
-    return [float(total) / tokens for total in sums]
+    if not counts[0]:
+        raise ValueError("block_angular_distances: the inputs hold no token to measure (attention_mask is all 0)")
+    return [total / count for total, count in zip(sums, counts)]
 
 
 def similarity_tying_map(distances: Sequence[float], num_distinct: int) -> TyingMap:

@@ -1133,6 +1133,20 @@ def test_a_forked_run_exits_as_its_script_would_with_its_output_in_its_log(tmp_p
     assert "ValueError: a bad value" in logs["raise"]
 
 
+def test_a_run_another_scheduler_finished_since_it_was_queued_is_not_run_again(tmp_path):
+    """The result is checked again once the folder's lock is held: its log and result stay the other process's."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_complete(run_dir / "result.json", {"finished": "elsewhere"})
+    (run_dir / "log.txt").write_text("the other scheduler's run\n")
+    jobs = [Job("run", run_dir, [sys.executable, "-c", "raise SystemExit(3)"], result_file=run_dir / "result.json")]
+    codes = []
+    run_jobs(lambda: jobs.pop() if jobs else None, lambda job, code: codes.append(code), 1)
+    assert codes == [0]
+    assert (run_dir / "log.txt").read_text() == "the other scheduler's run\n"
+    assert json.loads((run_dir / "result.json").read_text()) == {"finished": "elsewhere"}
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="PR_SET_PDEATHSIG and /proc are Linux's")
 def test_a_template_that_dies_takes_its_runs_with_it_and_the_scheduler_goes_on(tmp_path):
     """An interrupt sent to the whole process group ends the template too: its runs end with it and report -SIGKILL,
@@ -1242,9 +1256,10 @@ def test_the_sharding_bench_counts_ddp_gradient_buckets_in_the_training_state(tm
 
 
 @pytest.mark.slow
-def test_step_time_times_every_loop_of_a_partial_preset_under_its_own_map_against_untied_in_the_same_round():
+def test_step_time_times_every_loop_of_a_partial_preset_under_its_own_map_against_untied_in_the_same_round(capsys):
     """bench/step_time.py: each layout the preset trains is timed with its own map through the study's path, and its
-    ratio is to the untied blocks timed in the same round, the median over rounds."""
+    ratio is to the untied blocks timed in the same round, the median over rounds; each round starts one layout
+    later, so that no layout is always timed first (a load that drifts within a round falls on every layout)."""
     from bench.settings import partial_loop_runs
     from bench.step_time import StepTimeArguments, markdown, measure
 
@@ -1263,3 +1278,6 @@ def test_step_time_times_every_loop_of_a_partial_preset_under_its_own_map_agains
         assert len(ratios) == 2 and row["ratio_to_untied"] == statistics.median(ratios)
         assert (row["ratio_lowest"], row["ratio_highest"]) == (min(ratios), max(ratios))
     assert "| loop middle, 4 positions (0 1 1 3) | 4 | " in markdown(payload)
+    timed = [line.split("  ", 1)[1].rsplit(":", 1)[0] for line in capsys.readouterr().out.splitlines() if line.startswith("round ")]
+    labels = [spec.label for spec in specs]
+    assert timed == labels + labels[1:] + labels[:1]

@@ -32,12 +32,20 @@ def test_retie_with_mean_equals_loading_the_checkpoint_with_tie_init_mean(kind, 
     assert set(report.added) == set(report.averaged_from)
 
 
-def test_retie_with_mean_averages_each_distinct_set_of_weights_once():
+def test_retie_with_mean_weights_each_set_of_weights_by_the_blocks_that_used_it():
     model = GPT2.tied_model([0, 0, 0, 3], seed=1)  # blocks 0-2 compute with one set of weights, block 3 with another
     before = {root: block_parameters(model, root) for root in (0, 3)}
     model.retie([0, 0, 0, 0], tie_init="mean")
     for name, parameter in block_parameters(model, 0).items():
-        assert torch.allclose(parameter, (before[0][name] + before[3][name]) / 2)
+        assert torch.allclose(parameter, (3 * before[0][name] + before[3][name]) / 4)
+
+
+def test_loading_a_tied_checkpoint_with_mean_averages_as_retie_does(tmp_path):
+    GPT2.tied_model([0, 0, 0, 3], seed=1).save_pretrained(tmp_path)
+    loaded = load_cleanly(GPT2.tied_class, tmp_path, tying_map=[0, 0, 0, 0], tie_init="mean")
+    retied = load_cleanly(GPT2.tied_class, tmp_path)
+    retied.retie([0, 0, 0, 0], tie_init="mean")
+    assert torch.equal(logits(loaded), logits(retied))
 
 
 def test_a_checkpoint_converted_with_mean_is_regrouped_from_its_roots_unless_told(tmp_path):
@@ -225,3 +233,20 @@ def test_similarity_ties_the_blocks_that_leave_their_input_unchanged_to_the_bloc
     assert [distances[block] for block in (2, 3, 5)] == pytest.approx([0.0] * 3, abs=1e-3)
     assert min(distances[block] for block in (1, 4)) > 0.01
     assert similarity_tying_map(distances, 3).to_list() == [0, 1, 1, 1, 4, 4]
+
+
+def test_block_distances_are_means_per_token_whatever_the_inputs_and_padding_is_left_out():
+    from hf_layertie.block_similarity import block_angular_distances
+
+    model = tiny_model(num_blocks=3)
+    perturb_(model, seed=2)
+    ids = torch.randint(1, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    by_ids = block_angular_distances(model, {"input_ids": ids})
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(ids)
+    assert block_angular_distances(model, {"inputs_embeds": embeds}) == pytest.approx(by_ids)  # tokens, not numbers
+    first_row = block_angular_distances(model, {"input_ids": ids[:1]})
+    padded = {"input_ids": ids, "attention_mask": torch.tensor([[1] * 8, [0] * 8])}
+    assert block_angular_distances(model, padded) == pytest.approx(first_row, rel=1e-5)
+    with pytest.raises(ValueError, match=r"no token to measure \(attention_mask is all 0\)"):
+        block_angular_distances(model, {"input_ids": ids, "attention_mask": torch.zeros_like(ids)})

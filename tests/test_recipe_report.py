@@ -54,3 +54,31 @@ def test_two_records_of_one_row_and_seed_in_a_folder_are_refused_naming_both(tmp
         (tmp_path / "study" / run / "result.json").write_text(json.dumps({"label": "untied, 2 blocks", "seed": 0}))
     with pytest.raises(SystemExit, match=r"two records of 'untied, 2 blocks' seed 0, .*none/seed0/result.json and .*none-lr0.01/seed0/result.json; keep one"):
         collect(tmp_path)
+
+
+def test_recipe_folders_that_differ_beside_the_recipe_or_repeat_one_are_refused(tmp_path):
+    import shutil
+
+    import pytest
+
+    from bench.recipe_report import check_recipes_alone_differ
+
+    source = REPO_ROOT / "bench" / "results" / "recipe"
+    folders = []
+    for name in ("cosine-wd0.1", "linear-wd0.01"):
+        (tmp_path / name).mkdir()
+        shutil.copy(source / name / "settings.json", tmp_path / name / "settings.json")
+        folders.append(tmp_path / name)
+    check_recipes_alone_differ(folders)
+
+    longer = tmp_path / "linear-wd0.01" / "settings.json"
+    settings = json.loads(longer.read_text())
+    fields = json.loads(settings["fingerprint"])
+    longer.write_text(json.dumps(settings | {"fingerprint": json.dumps(fields | {"max_steps": fields["max_steps"] * 2})}))
+    with pytest.raises(SystemExit, match=r"recipe folders measured under different settings besides the recipe"):
+        check_recipes_alone_differ(folders)
+
+    (tmp_path / "again").mkdir()
+    shutil.copy(source / "cosine-wd0.1" / "settings.json", tmp_path / "again" / "settings.json")
+    with pytest.raises(SystemExit, match=r"recipe 'cosine, weight decay 0.1' in 2 folders"):
+        check_recipes_alone_differ([folders[0], tmp_path / "again"])

@@ -96,6 +96,17 @@ def test_each_position_starts_from_the_best_rank_r_approximation_of_what_the_tie
     assert all(parameter.requires_grad for parameter in model.parameters())  # the shared weights train too
 
 
+def test_a_loaded_relaxed_model_is_frozen_until_told_otherwise(tmp_path):
+    """docs/compressing.md: transformers loads adapters for inference, every weight frozen; relaxed ties train the
+    adapters and the shared weights, which `requires_grad_(True)` gives back."""
+    model, _, _ = converted(GPT2, lora_rank=2)
+    model.save_pretrained(tmp_path)
+    loaded = GPT2.tied_class.from_pretrained(tmp_path)
+    assert not any(parameter.requires_grad for parameter in loaded.parameters())
+    loaded.requires_grad_(True)
+    assert torch.equal(logits(loaded), logits(model))
+
+
 def test_a_position_that_kept_its_weights_starts_with_a_zero_update_that_can_learn():
     model = GPT2.tied_model([0, 1, 2, 3])
     perturb_(model, seed=5)
@@ -234,6 +245,14 @@ def test_run_clm_relaxes_a_converted_checkpoint_and_exports_it_for_stock_transfo
     ids = torch.randint(0, stock.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(stock(input_ids=ids).logits, relaxed(input_ids=ids).logits, rtol=1e-5, atol=1e-6)
+
+    # Trained further from its folder (transformers loads adapters frozen, for inference): weights and adapters train.
+    further = [flag for flag in tiny_flags(tmp_path / "further", text_files, "", "--tying_strategy", "none") if flag not in ("--config_overrides", "")]
+    run(CAUSAL_LM, [*further, "--model_name_or_path", str(tmp_path / "run")])
+    before = dict(relaxed.named_parameters())
+    after = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "further").named_parameters())
+    for name in ("transformer.h.0.mlp.c_fc.base_layer.weight", "transformer.h.0.mlp.c_fc.lora_B.default.weight"):
+        assert not torch.equal(after[name], before[name]), name
 
 
 @pytest.mark.parametrize(

@@ -182,7 +182,8 @@ def test_a_tokenizer_larger_than_the_checkpoint_s_vocabulary_gets_an_embedding_r
     assert logits.shape[-1] == len(tokenizer)
 
 
-def test_a_relaxed_checkpoint_is_not_resized_but_refused_naming_both_sizes(tmp_path):
+def test_a_relaxed_checkpoint_is_resized_too_its_blocks_still_sharing(tmp_path):
+    """Adapters wrap the tied blocks' layers: the resize's re-tie must leave the blocks' shared objects alone."""
     from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel
     from hf_layertie.relaxed_ties import relax_ties
     from hf_layertie.toolkit import load_model
@@ -191,8 +192,11 @@ def test_a_relaxed_checkpoint_is_not_resized_but_refused_naming_both_sizes(tmp_p
     relax_ties(model, 2, "zero")
     model.save_pretrained(tmp_path)
     tokenizer = load_tokenizer("shakespeare-bpe")
-    with pytest.raises(ValueError, match=rf"its embedding has 100 rows and the tokenizer {len(tokenizer)} tokens, and this model's embedding cannot be resized"):
-        load_model("tied_gpt2", tokenizer, str(tmp_path))
+    loaded = load_model("tied_gpt2", tokenizer, str(tmp_path))
+    assert loaded.get_input_embeddings().weight.shape[0] == len(tokenizer) > 100
+    blocks = loaded.tied_blocks
+    assert blocks[1].mlp.c_fc.base_layer.weight is blocks[0].mlp.c_fc.base_layer.weight
+    assert loaded(input_ids=torch.tensor([[len(tokenizer) - 1, 5]])).logits.shape[-1] == len(tokenizer)
 
 
 def test_a_corrupt_checkpoint_index_is_named_whatever_its_error_type(tmp_path):

@@ -427,6 +427,36 @@ def test_a_map_passed_to_from_pretrained_is_validated_and_stored_canonically(kin
         kind.tied_class.from_pretrained(tmp_path, tying_map=[0, 0, 1])
 
 
+@every_kind
+def test_a_config_with_another_map_loads_a_tied_checkpoint_as_tying_map_does(kind, tmp_path):
+    """transformers' way to change a setting before loading (`config=`): the blocks the checkpoint stores as ties get
+    the weights they were saved sharing, not a fresh initialisation."""
+    tied = kind.tied_model([0, 0, 2, 2], seed=3)
+    perturb_(tied, seed=4)
+    tied.save_pretrained(tmp_path)
+    config = type(tied.config).from_pretrained(tmp_path)
+    config.tying_map = [0, 1, 2, 3]
+
+    by_config = load_cleanly(kind.tied_class, tmp_path, config=config)
+    by_argument = load_cleanly(kind.tied_class, tmp_path, tying_map=[0, 1, 2, 3])
+
+    assert torch.equal(logits(by_config), logits(tied)) and torch.equal(logits(by_argument), logits(tied))
+    assert_blocks_share_as(by_config, [0, 1, 2, 3])
+    assert config.tying_map == [0, 1, 2, 3] and getattr(config, "_saved_tying_map", None) is None  # the user's, as given
+
+
+def test_a_checkpoint_loaded_with_fewer_layers_ties_them_as_its_map_begins(tmp_path):
+    tied = GPT2.tied_model([0, 0, 2, 2], seed=3)
+    perturb_(tied, seed=4)
+    tied.save_pretrained(tmp_path)
+
+    fewer, loading_info = GPT2.tied_class.from_pretrained(tmp_path, n_layer=2, tying_map=[0, 1], output_loading_info=True)
+
+    assert not loading_info["missing_keys"]  # block 1, stored as a tie to block 0, gets block 0's weights
+    for name, parameter in block_parameters(fewer, 1).items():
+        assert torch.equal(parameter, block_parameters(tied, 0)[name])
+
+
 # --- parameter accounting ------------------------------------------------------------------------
 
 

@@ -680,6 +680,21 @@ def test_model_init_is_refused_where_the_strategy_ties_the_model_it_was_given(tm
     assert plain.train().global_step == 2  # conventional training has no map to lose
 
 
+@pytest.mark.parametrize("strategy", ["dlt", "random"])
+def test_a_deciding_strategy_on_a_one_block_model_is_refused_naming_the_setting(tmp_path, strategy):
+    with pytest.raises(ValueError, match=rf"tying_strategy='{strategy}' decides.* the model has 1 block: .*tying_strategy='none'"):
+        make_trainer(tmp_path, model=tiny_model(num_blocks=1), tying_strategy=strategy, max_steps=2)
+
+
+def test_a_tying_state_without_its_loss_window_is_refused_naming_the_key(tmp_path):
+    trainer = make_trainer(tmp_path, tying_strategy="dlt", max_steps=2)
+    observation = trainer._observation()
+    state = trainer.decisions.state_dict(observation)
+    del state["window_loss_sums"]
+    with pytest.raises(ValueError, match=r"tying state is missing \['window_loss_sums'\]"):
+        trainer.decisions.load_state_dict(state, observation)
+
+
 def test_deepspeed_is_refused_for_tied_models_naming_what_works():
     from hf_layertie.trainer.tying_trainer import _refuse_engine
 

@@ -101,6 +101,11 @@ class AgentDecisions(TyingDecisions):
 
     def __init__(self, args, num_blocks: int):
         super().__init__(args, num_blocks)
+        if num_blocks < 2:
+            raise ValueError(
+                f"tying_strategy={args.tying_strategy!r} decides, for each block after the first, which earlier block's "
+                f"weights it uses; the model has {num_blocks} block: train it with tying_strategy='none'"
+            )
         self.initial_map = self._initial_map(num_blocks)
         values = {name: getattr(args, name) for name in self.settings}
         agent = make_agent(num_blocks, _agent_config(values), random_actions=self.mode == "random")
@@ -203,8 +208,10 @@ class AgentDecisions(TyingDecisions):
         """Restore a checkpoint; each process takes back its own part of the open window (the mean of them all when
         the run resumes on another number of processes: the window's mean over processes is then kept)."""
         state = dict(state)
-        sums = state.pop("window_loss_sums")
-        self.controller.load_state_dict(state)
+        sums = state.pop("window_loss_sums", None)
+        self.controller.load_state_dict(state)  # names the keys a state from elsewhere lacks
+        if sums is None:
+            raise ValueError("tying state is missing ['window_loss_sums']; expected the keys of AgentDecisions.state_dict()")
         if len(sums) == observation.num_processes:
             self._window_loss_sum = sums[observation.process_index]
         else:

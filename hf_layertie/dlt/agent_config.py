@@ -4,7 +4,8 @@ Two variants share the decision loop (one block per decision, blocks in turn, ep
 block's options, the all-tied start) and differ in what learns from the rewards:
 
 - `"default"`: a linear value of the map reached by an action (its "afterstate"), fitted by recursive least
-  squares with forgetting over every decision so far, jointly with a local time trend of the loss. Chosen by
+  squares with forgetting over every decision so far, jointly with a trend of the loss over time (a constant
+  and decaying exponentials, `hf_layertie.dlt.value`). Chosen by
   measurement on `hf_layertie.dlt.synthetic` for runs of hundreds of decisions (see `hf_layertie/dlt/README.md`).
 - `"paper"`: Hay & Wolf's agent as the authors' code runs it: an MLP Q-network over the raw map with one
   output slice per block, one online TD update per decision (AdamW, MSE), reward `clip(-perplexity, -10, 10)`.

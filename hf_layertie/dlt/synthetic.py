@@ -46,7 +46,9 @@ class SyntheticTyingProblem:
 
     @classmethod
     def random(cls, num_blocks: int, num_distinct: int, seed: int, **settings) -> SyntheticTyingProblem:
-        """A problem whose best map is drawn uniformly among valid maps with `num_distinct` blocks owning weights."""
+        """A problem whose best map has `num_distinct` blocks owning weights: each block's source drawn uniformly among
+        the blocks up to it, until the map has that many (not uniform over the canonical maps: roots of larger
+        groups come up more often)."""
         if not 1 <= num_distinct <= num_blocks:
             raise ValueError(f"num_distinct must be in 1..{num_blocks}, got {num_distinct}")
         generator = torch.Generator().manual_seed(seed)

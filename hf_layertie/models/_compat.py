@@ -129,11 +129,11 @@ def carries_integrated_adapters(model: nn.Module) -> bool:
 @contextlib.contextmanager
 def saving_whole_model(model: PreTrainedModel):
     """transformers' switch between an adapter-only save and a full one, set to the full one while inside."""
-    model._hf_peft_config_loaded = False
+    loaded, model._hf_peft_config_loaded = carries_integrated_adapters(model), False
     try:
         yield
     finally:
-        model._hf_peft_config_loaded = True
+        model._hf_peft_config_loaded = loaded
 
 
 # transformers: the private `Trainer` methods `TyingTrainer` calls (it takes the trainer as `trainer`).

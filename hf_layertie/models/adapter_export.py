@@ -203,8 +203,12 @@ class AdapterExportMixin:
         config_dict = {
             key: value for key, value in self.config.to_dict().items() if key not in TYING_FIELDS + _TIED_CLASS_KEYS
         }
-        plain = plain_class(plain_class.config_class.from_dict(config_dict)).to(device=self.device, dtype=self.dtype)
-        plain.load_state_dict(state_dict)
+        # Built on the meta device and given copies of these weights: no random initialisation, and no memory beyond
+        # the copies (each block its own).
+        with torch.device("meta"):
+            plain = plain_class(plain_class.config_class.from_dict(config_dict))
+        plain.load_state_dict({name: tensor.clone() for name, tensor in state_dict.items()}, assign=True)
+        plain.tie_weights()  # its own ties (embeddings), which separate copies would have cut
         # Buffers keep this model's dtypes: casting them with the weights would turn rotary `inv_freq` (float32
         # in a half-precision model loaded by transformers) into half precision and change the logits.
         own_buffers = dict(self.named_buffers(remove_duplicate=False))

@@ -8,6 +8,7 @@ and checks the transformers it runs under, as the models do.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import weakref
@@ -38,11 +39,12 @@ class TyingConfigMixin:
         it must change together with the model's Parameters, through `model.retie(...)`, which also tells an
         optimizer or DDP wrapper what changed.
     tie_init (`str`, *optional*, defaults to `"root"`):
-        The weights a tie group starts from when `from_pretrained(path, tying_map=...)` groups a checkpoint's
-        blocks differently from how they were saved (a plain checkpoint converted, a tied one re-grouped):
-        `"root"`, the weights its first block used in the checkpoint; `"mean"`, the average over its blocks of
-        the weights each used (how relaxed recursive transformers initialise shared layers). Blocks the
-        checkpoint has no weights for are left out of the average. It applies to the load it is passed to: a
+        The weights a tie group starts from when `from_pretrained(path, tying_map=...)` (or a `config=` with
+        another map) groups a checkpoint's blocks differently from how they were saved (a plain checkpoint
+        converted, a tied one re-grouped): `"root"`, the weights its first block used in the checkpoint;
+        `"mean"`, the average over its blocks of the weights each used (how relaxed recursive transformers
+        initialise shared layers; weights the checkpoint's blocks shared count once per block), as `retie` does.
+        Blocks the checkpoint has no weights for are left out of the average. It applies to the load it is passed to: a
         checkpoint saved by a model converted with `"mean"` keeps the value in its config.json, and a later
         `from_pretrained(path, tying_map=...)` without `tie_init` groups with `"root"`. `retie` takes the same
         choice as an argument (`"root"` unless told).
@@ -95,6 +97,23 @@ class TyingConfigMixin:
             if "tie_init" not in kwargs:  # how this load groups, not how the checkpoint's own load did
                 config.tie_init = "root"
         return loaded
+
+    def for_checkpoint(self, checkpoint, **download_kwargs):
+        """This config as `from_pretrained(checkpoint, config=self)` should load with it: when its map differs from
+        the one the checkpoint's weights were saved with (read from its config.json), a copy that remembers the
+        saved map, so that blocks stored as ties get their weights as with `from_pretrained(..., tying_map=...)`.
+        `self` when the maps agree, or when the checkpoint has no config.json (its weights are taken as this
+        config's map says)."""
+        try:
+            saved_dict, _ = self.get_config_dict(checkpoint, **download_kwargs)
+        except OSError:
+            return self
+        saved = type(self).from_dict(saved_dict).tying
+        if saved == self.tying:
+            return self
+        config = copy.deepcopy(self)
+        config._saved_tying_map = saved
+        return config
 
     @property
     def tying(self) -> TyingMap:

@@ -30,9 +30,13 @@ from torch import nn
 
 from ._compat import children, declare_tied_weights, declared_tied_weights, is_fsdp_sharded, own_parameters
 from .adapter_export import AdapterExportMixin, is_adapter_layer
-from .configuration_tying import check_tie_init
+from .configuration_tying import TyingConfigMixin, check_tie_init
 from .lean_construction import distinct_blocks_only
 from .tying_map import TyingMap
+
+
+# `from_pretrained`'s arguments that say where and how to read a checkpoint's files (transformers' `download_kwargs`).
+_DOWNLOAD_KWARGS = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision", "subfolder")
 
 
 @dataclass
@@ -131,7 +135,7 @@ class _StackBuffer:
 def _mean(parameters: list[nn.Parameter], buffer: _StackBuffer | None = None) -> nn.Parameter:
     tensors = [parameter.detach() for parameter in parameters]
     stacked = (buffer or _StackBuffer()).stack(tensors)
-    average = stacked.mean(dim=0, dtype=torch.float32).to(stacked.dtype)
+    average = stacked.mean(dim=0, dtype=torch.promote_types(stacked.dtype, torch.float32)).to(stacked.dtype)
     return nn.Parameter(average, requires_grad=parameters[0].requires_grad)
 
 
@@ -172,6 +176,15 @@ class TiedBlocksMixin(AdapterExportMixin):
         # The map the weights about to be loaded were saved with, when `from_pretrained` was asked for another.
         self._saved_tying_map = config._take_saved_tying_map()
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, **kwargs):
+        """transformers' `from_pretrained`. A built `config` whose map differs from the checkpoint's is loaded as
+        `tying_map=` is: the blocks the checkpoint stores as ties get the weights they were saved sharing."""
+        if isinstance(config, TyingConfigMixin) and pretrained_model_name_or_path is not None and "gguf_file" not in kwargs:
+            download_kwargs = {name: kwargs[name] for name in _DOWNLOAD_KWARGS if name in kwargs}
+            config = config.for_checkpoint(pretrained_model_name_or_path, **download_kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
+
     def __setstate__(self, state):
         # A copied or unpickled model drives its (copied, unbound) config again.
         super().__setstate__(state)
@@ -188,9 +201,11 @@ class TiedBlocksMixin(AdapterExportMixin):
     def retie(self, new_map: TyingMap | Sequence[int], tie_init: str = "root") -> RetieReport:
         """Apply `new_map` in place; accepts a `TyingMap` or a list. Any map may follow any other.
 
-        With `tie_init="mean"`, a group whose blocks computed with different weights starts from their average
-        (each distinct set of weights counted once), as `from_pretrained(..., tie_init="mean")` does for a
-        checkpoint: how a trained model is converted. What follows describes the default, `"root"`.
+        With `tie_init="mean"`, a group whose blocks computed with different weights starts from the average of
+        the weights each of its blocks used (a set of weights shared by three of them counts three times: the
+        weights closest, in squared distance summed over the group's blocks, to what each computed with), as
+        `from_pretrained(..., tie_init="mean")` does for a checkpoint: how a trained model is converted. What
+        follows describes the default, `"root"`.
 
         Every block keeps computing what it computed unless its source changes. The group of each new root `r`
         starts from the weights block `r` used before (those of `s = old_map[r]`), and Parameters move rather
@@ -210,7 +225,7 @@ class TiedBlocksMixin(AdapterExportMixin):
         check_tie_init(tie_init)
         owned = {root: _block_parameters(self.tied_blocks[root]) for root in old_map.independent_blocks}
         if tie_init == "mean":
-            sources = {root: sorted({old_map[member] for member in members}) for root, members in new_map.groups().items()}
+            sources = {root: [old_map[member] for member in members] for root, members in new_map.groups().items()}
         else:
             sources = {root: [old_map[root]] for root in new_map.independent_blocks}
         copied_from, kept = self._regroup(new_map, owned, sources, old_map=old_map)
@@ -288,9 +303,13 @@ class TiedBlocksMixin(AdapterExportMixin):
         prefix = f"{self.tied_blocks_path}."
         absent = {int(key[len(prefix) :].split(".")[0]) for key in missing_keys if key.startswith(prefix)}
         saved_map, self._saved_tying_map = self._saved_tying_map, None
-        if saved_map is None or len(saved_map) != len(self.tied_blocks):
+        if saved_map is None:
             saved_map = self.tying_map
-        used = [block if block not in absent else saved_map[block] for block in range(len(saved_map))]
+        # A checkpoint of more blocks (loaded with fewer layers) tied its first ones as its map's prefix says; a block
+        # beyond a checkpoint of fewer has no weights there.
+        used = [
+            saved_map[block] if block in absent and block < len(saved_map) else block for block in range(len(self.tied_blocks))
+        ]
         owned = {block: _block_parameters(self.tied_blocks[block]) for block in set(used) - absent}
         tying_map = self.tying_map
         averaged = self.config.tie_init == "mean"
@@ -326,8 +345,14 @@ class TiedBlocksMixin(AdapterExportMixin):
         added even when `tie_word_embeddings=False`, where transformers would return `{}` and the block ties
         would be lost on load. The class's own ties are parameter names in every tied class.
         """
-        if all_submodels:
-            return super().get_expanded_tied_weights_keys(all_submodels=True)
+        if all_submodels:  # `tie_weights()` called on its own (`resize_token_embeddings`)
+            expanded = super().get_expanded_tied_weights_keys(all_submodels=True)
+            if not self.adapted_blocks():
+                return expanded
+            # The blocks share their objects already, and adapters (relaxed ties) moved them under `base_layer`:
+            # tied again by name, each would be set on PEFT's wrapper.
+            prefix = f"{self.tied_blocks_path}."
+            return {target: source for target, source in expanded.items() if not target.startswith(prefix)}
         own = super()._tied_weights_keys if getattr(self.config, "tie_word_embeddings", False) else None
         return {**(own or {}), **self._tied_block_parameter_names()}
 

@@ -14,6 +14,7 @@ from transformers.utils import is_flash_attn_2_available
 from ..checks import reworded
 from ..data import embedded_tokenizer_dir
 from ..models import TIED_MODELS
+from ..models._compat import carries_integrated_adapters
 from ..trainer.checkpoint_format import WEIGHTS_FILES
 
 logger = logging.getLogger(__name__)
@@ -147,6 +148,8 @@ def load_model(
     if name_or_path is not None:
         model = _from_checkpoint(model_class, name_or_path, **options, **hub_options)
         _fit_embedding_to_tokenizer(model, tokenizer, name_or_path)
+        if carries_integrated_adapters(model):  # loaded frozen, for inference: relaxed ties train adapters and weights
+            model.requires_grad_(True)
         return model
     special_ids = {
         key: getattr(tokenizer, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(tokenizer, key) is not None
@@ -173,20 +176,12 @@ def load_model(
 
 def _fit_embedding_to_tokenizer(model: PreTrainedModel, tokenizer, name_or_path: str) -> None:
     """Give every token of a tokenizer larger than the checkpoint's vocabulary an embedding row, as transformers'
-    run_clm.py does (else the first id past the table fails inside the forward pass); refused, naming both, for a
-    model whose embedding cannot be resized (relaxed ties: adapters wrap the layers its tie goes through)."""
+    run_clm.py does (else the first id past the table fails inside the forward pass)."""
     embedding_size = model.get_input_embeddings().weight.shape[0]
     if len(tokenizer) <= embedding_size:
         return
     logger.warning(f"The tokenizer has {len(tokenizer)} tokens, {name_or_path}'s embedding {embedding_size}: resizing it (the new rows are untrained)")
-    try:
-        model.resize_token_embeddings(len(tokenizer))
-    except (KeyError, RuntimeError, ValueError) as error:
-        raise ValueError(
-            f"--model_name_or_path {name_or_path}: its embedding has {embedding_size} rows and the tokenizer "
-            f"{len(tokenizer)} tokens, and this model's embedding cannot be resized ({type(error).__name__}: {error}); "
-            f"use a tokenizer of at most {embedding_size} tokens (--tokenizer_name)"
-        ) from error
+    model.resize_token_embeddings(len(tokenizer))
 
 
 def _loading_options(torch_dtype: str | None, attn_implementation: str | None, from_scratch: bool) -> dict:
