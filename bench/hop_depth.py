@@ -101,7 +101,7 @@ def _job(row: Row, seed: int, results_dir: Path) -> Job:
         "--n_layer", str(row.n_layer), "--tying_map", row.tying_map, "--steps", str(STEPS), "--seed", str(seed),
         "--result_file", str(run_dir / "probe.json"),
     ]  # fmt: skip
-    return Job(f"{row.label} seed {seed}", run_dir, command, payload=(row, seed), result_file=run_dir / "probe.json")
+    return Job(f"{row.label} seed {seed}", run_dir, command, payload=(row, seed), result_file=run_dir / "result.json")
 
 
 def _record(job: Job, returncode: int, failures: list[str], progress) -> None:

@@ -793,8 +793,8 @@ def runs_after(spec: RunSpec, result: dict, settings: BenchSettings, learning_ra
 
 def at_learning_rate(spec: RunSpec, rate: float, settings: BenchSettings) -> RunSpec:
     """`spec` trained at `rate`. At the preset's own rate it is the study's own run (no `-lr` in its folder): tuning
-    then reuses the first seed's runs a study has made, and a study tuned afterwards keeps every run of a label whose
-    chosen rate is the preset's."""
+    then reuses the tuning seed's runs a study has made (`grid_seed`), and a study tuned afterwards keeps every run of
+    a label whose chosen rate is the preset's."""
     return dataclasses.replace(spec, learning_rate=None if rate == settings.learning_rate else rate)
 
 

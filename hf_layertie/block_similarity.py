@@ -61,7 +61,7 @@ def block_angular_distances(model: TiedBlocksMixin, inputs: Mapping[str, torch.T
     was_training = model.training
     model.eval()
     try:
-        model(**{key: value for key, value in inputs.items() if key != "labels"}, use_cache=False)
+        model(**{**{key: value for key, value in inputs.items() if key != "labels"}, "use_cache": False})
     finally:
         model.train(was_training)
         for handle in handles:

@@ -40,6 +40,15 @@ def test_retie_with_mean_weights_each_set_of_weights_by_the_blocks_that_used_it(
         assert torch.allclose(parameter, (3 * before[0][name] + before[3][name]) / 4)
 
 
+@pytest.mark.parametrize("old, new", [([0, 0, 2, 3], [0, 0, 2, 2]), ([0, 0, 2, 2], [0, 0, 2, 2]), ([0, 0, 0, 0], [0, 0, 2, 2])])
+def test_retie_with_mean_reports_as_added_only_the_parameters_it_made(old, new):
+    model = GPT2.tied_model(old, seed=1)
+    existing = set(model.parameters())
+    report = model.retie(new, tie_init="mean")
+    assert not set(report.added) & existing and len(set(report.added)) == len(report.added)
+    assert set(report.added) == set(model.parameters()) - existing
+
+
 def test_loading_a_tied_checkpoint_with_mean_averages_as_retie_does(tmp_path):
     GPT2.tied_model([0, 0, 0, 3], seed=1).save_pretrained(tmp_path)
     loaded = load_cleanly(GPT2.tied_class, tmp_path, tying_map=[0, 0, 0, 0], tie_init="mean")
@@ -58,6 +67,11 @@ def test_a_checkpoint_converted_with_mean_is_regrouped_from_its_roots_unless_tol
     by_root = load_cleanly(GPT2.tied_class, tmp_path / "converted", tying_map=[0, 0, 0, 3], tie_init="root")
     by_mean = load_cleanly(GPT2.tied_class, tmp_path / "converted", tying_map=[0, 0, 0, 3], tie_init="mean")
     assert torch.equal(logits(regrouped), logits(by_root)) and not torch.equal(logits(regrouped), logits(by_mean))
+    # The same through a config loaded from the checkpoint (its tie_init "mean") with the map changed.
+    config = GPT2.tied_class.config_class.from_pretrained(tmp_path / "converted")
+    config.tying_map = [0, 0, 0, 3]
+    assert torch.equal(logits(load_cleanly(GPT2.tied_class, tmp_path / "converted", config=config)), logits(regrouped))
+
 
 
 def test_retie_refuses_an_unknown_tie_init():

@@ -57,18 +57,21 @@ def test_two_records_of_one_row_and_seed_in_a_folder_are_refused_naming_both(tmp
 
 
 def test_recipe_folders_that_differ_beside_the_recipe_or_repeat_one_are_refused(tmp_path):
-    import shutil
-
     import pytest
 
     from bench.recipe_report import check_recipes_alone_differ
 
-    source = REPO_ROOT / "bench" / "results" / "recipe"
-    folders = []
-    for name in ("cosine-wd0.1", "linear-wd0.01"):
+    import dataclasses
+
+    from bench.settings import PRESETS
+
+    def claimed(name: str, **recipe) -> Path:
+        fingerprint = dataclasses.replace(PRESETS["recipe"], **recipe).fingerprint()
         (tmp_path / name).mkdir()
-        shutil.copy(source / name / "settings.json", tmp_path / name / "settings.json")
-        folders.append(tmp_path / name)
+        (tmp_path / name / "settings.json").write_text(json.dumps({"fingerprint": fingerprint}))
+        return tmp_path / name
+
+    folders = [claimed("cosine-wd0.1"), claimed("linear-wd0.01", lr_scheduler_type="linear", weight_decay=0.01)]
     check_recipes_alone_differ(folders)
 
     longer = tmp_path / "linear-wd0.01" / "settings.json"
@@ -78,7 +81,5 @@ def test_recipe_folders_that_differ_beside_the_recipe_or_repeat_one_are_refused(
     with pytest.raises(SystemExit, match=r"recipe folders measured under different settings besides the recipe"):
         check_recipes_alone_differ(folders)
 
-    (tmp_path / "again").mkdir()
-    shutil.copy(source / "cosine-wd0.1" / "settings.json", tmp_path / "again" / "settings.json")
     with pytest.raises(SystemExit, match=r"recipe 'cosine, weight decay 0.1' in 2 folders"):
-        check_recipes_alone_differ([folders[0], tmp_path / "again"])
+        check_recipes_alone_differ([folders[0], claimed("again")])

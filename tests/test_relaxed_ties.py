@@ -96,15 +96,16 @@ def test_each_position_starts_from_the_best_rank_r_approximation_of_what_the_tie
     assert all(parameter.requires_grad for parameter in model.parameters())  # the shared weights train too
 
 
-def test_a_loaded_relaxed_model_is_frozen_until_told_otherwise(tmp_path):
+def test_a_loaded_relaxed_model_is_frozen_but_the_scripts_train_all_of_it(tmp_path):
     """docs/compressing.md: transformers loads adapters for inference, every weight frozen; relaxed ties train the
-    adapters and the shared weights, which `requires_grad_(True)` gives back."""
+    adapters and the shared weights, as the scripts' loading (`load_model`) gives back."""
+    from hf_layertie.toolkit import load_model, load_tokenizer
+
     model, _, _ = converted(GPT2, lora_rank=2)
     model.save_pretrained(tmp_path)
-    loaded = GPT2.tied_class.from_pretrained(tmp_path)
-    assert not any(parameter.requires_grad for parameter in loaded.parameters())
-    loaded.requires_grad_(True)
-    assert torch.equal(logits(loaded), logits(model))
+    assert not any(parameter.requires_grad for parameter in GPT2.tied_class.from_pretrained(tmp_path).parameters())
+    loaded = load_model("tied_gpt2", load_tokenizer("shakespeare-bpe"), str(tmp_path))
+    assert all(parameter.requires_grad for parameter in loaded.parameters())
 
 
 def test_a_position_that_kept_its_weights_starts_with_a_zero_update_that_can_learn():

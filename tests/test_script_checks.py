@@ -196,6 +196,7 @@ def test_a_relaxed_checkpoint_is_resized_too_its_blocks_still_sharing(tmp_path):
     assert loaded.get_input_embeddings().weight.shape[0] == len(tokenizer) > 100
     blocks = loaded.tied_blocks
     assert blocks[1].mlp.c_fc.base_layer.weight is blocks[0].mlp.c_fc.base_layer.weight
+    assert blocks[1].mlp.c_fc.lora_A["default"].weight is not blocks[0].mlp.c_fc.lora_A["default"].weight  # each its own
     assert loaded(input_ids=torch.tensor([[len(tokenizer) - 1, 5]])).logits.shape[-1] == len(tokenizer)
 
 

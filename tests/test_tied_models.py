@@ -445,6 +445,14 @@ def test_a_config_with_another_map_loads_a_tied_checkpoint_as_tying_map_does(kin
     assert config.tying_map == [0, 1, 2, 3] and getattr(config, "_saved_tying_map", None) is None  # the user's, as given
 
 
+def test_a_config_given_bypasses_a_config_json_whose_map_does_not_parse(tmp_path):
+    GPT2.tied_model([0, 1, 2, 3]).save_pretrained(tmp_path)
+    config = GPT2.tied_class.config_class.from_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(saved | {"tying_map": [0, 0, 1]}))  # 3 entries for 4 blocks
+    assert_blocks_share_as(load_cleanly(GPT2.tied_class, tmp_path, config=config), [0, 1, 2, 3])
+
+
 def test_a_checkpoint_loaded_with_fewer_layers_ties_them_as_its_map_begins(tmp_path):
     tied = GPT2.tied_model([0, 0, 2, 2], seed=3)
     perturb_(tied, seed=4)

@@ -208,10 +208,10 @@ class AgentDecisions(TyingDecisions):
         """Restore a checkpoint; each process takes back its own part of the open window (the mean of them all when
         the run resumes on another number of processes: the window's mean over processes is then kept)."""
         state = dict(state)
-        sums = state.pop("window_loss_sums", None)
-        self.controller.load_state_dict(state)  # names the keys a state from elsewhere lacks
-        if sums is None:
+        if "window_loss_sums" not in state:  # before anything is restored
             raise ValueError("tying state is missing ['window_loss_sums']; expected the keys of AgentDecisions.state_dict()")
+        sums = state.pop("window_loss_sums")
+        self.controller.load_state_dict(state)
         if len(sums) == observation.num_processes:
             self._window_loss_sum = sums[observation.process_index]
         else:

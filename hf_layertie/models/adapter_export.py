@@ -113,10 +113,16 @@ class AdapterExportMixin:
         }
         return {block: found for block, found in layers.items() if found}
 
-    def _warn_if_adapters_share_weights(self) -> None:
-        adapted = self.adapted_blocks()
+    def adapted_blocks_sharing_weights(self) -> list[int]:
+        """The blocks with PEFT adapters whose weights other blocks share: relaxed ties, each position's adapter on
+        the shared weights."""
         tying_map = self.tying_map
-        sharing = [block for block in adapted if len(tying_map.groups()[tying_map[block]]) > 1]
+        groups = tying_map.groups()
+        return [block for block in self.adapted_blocks() if len(groups[tying_map[block]]) > 1]
+
+    def _warn_if_adapters_share_weights(self) -> None:
+        tying_map = self.tying_map
+        sharing = self.adapted_blocks_sharing_weights()
         if sharing:
             warnings.warn(
                 f"PEFT adapters were added to blocks {sharing}, which share their weights with other blocks "
@@ -209,8 +215,8 @@ class AdapterExportMixin:
             plain = plain_class(plain_class.config_class.from_dict(config_dict))
         plain.load_state_dict({name: tensor.clone() for name, tensor in state_dict.items()}, assign=True)
         plain.tie_weights()  # its own ties (embeddings), which separate copies would have cut
-        # Buffers keep this model's dtypes: casting them with the weights would turn rotary `inv_freq` (float32
-        # in a half-precision model loaded by transformers) into half precision and change the logits.
+        # Buffers: copies of this model's, in its dtypes (rotary `inv_freq` stays float32 in a half-precision model);
+        # the non-persistent ones are in no state dict and would stay on the meta device.
         own_buffers = dict(self.named_buffers(remove_duplicate=False))
         for name, _ in plain.named_buffers(remove_duplicate=False):
             module_name, _, buffer_name = name.rpartition(".")

@@ -92,8 +92,7 @@ class TyingConfigMixin:
         loaded = super().from_dict(config_dict, **kwargs)
         if "tying_map" in kwargs:  # a checkpoint loaded with another map: remember the one its weights have
             config = loaded[0] if kwargs.get("return_unused_kwargs") else loaded
-            saved = config_dict.get("tying_map")
-            config._saved_tying_map = TyingMap(saved if saved is not None else range(config.num_hidden_layers))
+            config._saved_tying_map = cls._map_saved_in(config_dict, config.num_hidden_layers)
             if "tie_init" not in kwargs:  # how this load groups, not how the checkpoint's own load did
                 config.tie_init = "root"
         return loaded
@@ -101,19 +100,31 @@ class TyingConfigMixin:
     def for_checkpoint(self, checkpoint, **download_kwargs):
         """This config as `from_pretrained(checkpoint, config=self)` should load with it: when its map differs from
         the one the checkpoint's weights were saved with (read from its config.json), a copy that remembers the
-        saved map, so that blocks stored as ties get their weights as with `from_pretrained(..., tying_map=...)`.
-        `self` when the maps agree, or when the checkpoint has no config.json (its weights are taken as this
-        config's map says)."""
+        saved map, so that blocks stored as ties get their weights as with `from_pretrained(..., tying_map=...)`,
+        and groups with `tie_init="root"` as that does, unless this config's `tie_init` differs from the
+        checkpoint's. `self` when the maps agree, or when the checkpoint has no config.json or none that says a
+        valid map (its weights are taken as this config's map says: `config=` is how a bad config.json is bypassed)."""
         try:
             saved_dict, _ = self.get_config_dict(checkpoint, **download_kwargs)
-        except OSError:
+            saved = self._map_saved_in(saved_dict, self.num_hidden_layers)
+        except (OSError, ValueError):
             return self
-        saved = type(self).from_dict(saved_dict).tying
         if saved == self.tying:
             return self
         config = copy.deepcopy(self)
         config._saved_tying_map = saved
+        if config.tie_init == saved_dict.get("tie_init", "root"):
+            config.tie_init = "root"
         return config
+
+    @classmethod
+    def _map_saved_in(cls, config_dict: dict, num_layers: int) -> TyingMap:
+        """The map a checkpoint's weights were saved with, from its config.json's dict: its `tying_map`, else every
+        block its own (a plain checkpoint's; `num_layers` blocks when the dict does not say how many)."""
+        saved = config_dict.get("tying_map")
+        if saved is None:
+            saved = range(config_dict.get(cls.attribute_map.get("num_hidden_layers", "num_hidden_layers"), num_layers))
+        return TyingMap(saved)
 
     @property
     def tying(self) -> TyingMap:

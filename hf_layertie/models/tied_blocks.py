@@ -35,7 +35,8 @@ from .lean_construction import distinct_blocks_only
 from .tying_map import TyingMap
 
 
-# `from_pretrained`'s arguments that say where and how to read a checkpoint's files (transformers' `download_kwargs`).
+# `from_pretrained`'s arguments that say where and how to read a checkpoint's files: the `download_kwargs` that
+# transformers' `PreTrainedModel.from_pretrained` passes to its config's `from_pretrained`.
 _DOWNLOAD_KWARGS = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision", "subfolder")
 
 
@@ -232,7 +233,7 @@ class TiedBlocksMixin(AdapterExportMixin):
         averaged_from = {
             parameter: [owned[source][name] for source in sources[root]]
             for root in new_map.independent_blocks
-            if len(sources[root]) > 1
+            if len(set(sources[root])) > 1
             for name, parameter in _block_parameters(self.tied_blocks[root]).items()
         }
         self.config._set_tying_map_of_model(new_map)

@@ -14,7 +14,6 @@ from transformers.utils import is_flash_attn_2_available
 from ..checks import reworded
 from ..data import embedded_tokenizer_dir
 from ..models import TIED_MODELS
-from ..models._compat import carries_integrated_adapters
 from ..trainer.checkpoint_format import WEIGHTS_FILES
 
 logger = logging.getLogger(__name__)
@@ -148,8 +147,8 @@ def load_model(
     if name_or_path is not None:
         model = _from_checkpoint(model_class, name_or_path, **options, **hub_options)
         _fit_embedding_to_tokenizer(model, tokenizer, name_or_path)
-        if carries_integrated_adapters(model):  # loaded frozen, for inference: relaxed ties train adapters and weights
-            model.requires_grad_(True)
+        if model.adapted_blocks_sharing_weights():  # relaxed ties, which train adapters and shared weights alike:
+            model.requires_grad_(True)  # transformers loads adapters frozen, for inference
         return model
     special_ids = {
         key: getattr(tokenizer, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(tokenizer, key) is not None
