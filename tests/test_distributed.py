@@ -1,5 +1,6 @@
 """Two gloo processes on CPU, launched exactly as the README tells users: ranks stay identical through re-ties."""
 
+import json
 import os
 import socket
 import subprocess
@@ -109,3 +110,23 @@ def test_the_ddp_wrappers_comm_hook_own_hooks_and_settings_survive_reties_on_two
     assert rank0["maps"] == rank1["maps"]
     for name, tensor in rank0["state_dict"].items():
         assert torch.equal(tensor, rank1["state_dict"][name]), f"ranks differ in {name}"
+
+
+def test_k_hop_and_lambada_scores_on_two_processes_are_one_process_s(tmp_path):
+    """Each process scores its share of the batches (not the whole set N times) and every one gets the whole set's
+    scores, equal to what one process gets alone."""
+    launch([str(REPO / "tests" / "scripts" / "ddp_evaluation_run.py"), str(tmp_path)], cwd=tmp_path)
+    sys.path.insert(0, str(REPO / "tests" / "scripts"))
+    try:
+        from ddp_evaluation_run import evaluation_scores
+    finally:
+        sys.path.remove(str(REPO / "tests" / "scripts"))
+    alone = json.loads(json.dumps(evaluation_scores()))  # hop counts as JSON keys
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    # 11 k-hop examples and 7 passages in batches of 3: 4 + 3 batches in all, shared out, none scored twice.
+    assert [launched.pop("forward_passes") for launched in ranks] == [4, 3]
+    for launched in [*ranks, alone]:  # flat, as pytest.approx compares them
+        launched["multihop"] |= {f"hops {hop}": value for hop, value in launched["multihop"].pop("accuracy_by_hops").items()}
+    for launched in ranks:
+        assert launched["lambada"] == pytest.approx(alone["lambada"]) and launched["lambada"]["lambada_examples"] == 7
+        assert launched["multihop"] == pytest.approx(alone["multihop"])

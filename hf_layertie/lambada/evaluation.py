@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from accelerate import PartialState
+from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -48,7 +50,8 @@ def evaluate_lambada(
         `lambada_examples`: number of passages.
 
     Passages longer than the model's `max_position_embeddings` lose context on the left, as in
-    lm-eval-harness. `device`, when given, moves the model there. The model is put in eval mode
+    lm-eval-harness. Under several processes each scores its share of the passages and every process gets the
+    whole set's scores (collective: call it on every process). `device`, when given, moves the model there. The model is put in eval mode
     for the run and its training mode restored afterwards.
     """
     if not passages:
@@ -65,16 +68,17 @@ def evaluate_lambada(
 
     was_training = model.training
     model.eval()
+    state = PartialState()  # several processes (`accelerate launch`): each scores its share of the batches
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), state.split_between_processes(batches) as own_batches:
             scores = [
                 score
-                for batch in tqdm(batches, desc="LAMBADA", unit="batch", disable=not show_progress)
+                for batch in tqdm(own_batches, desc="LAMBADA", unit="batch", disable=not (show_progress and state.is_main_process))
                 for score in _score_batch(model, batch)
             ]
     finally:
         model.train(was_training)
-    return _aggregate(scores)
+    return _aggregate(gather_object(scores))
 
 
 def _encode_passage(

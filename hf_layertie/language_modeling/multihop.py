@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import datasets
 import torch
+from accelerate import PartialState
+from accelerate.utils import gather_object
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..data.hop_induction import HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer
@@ -73,24 +75,29 @@ def load_hop_task(name: str, config_text: str | None, context: int, seed: int) -
 
 @torch.no_grad()
 def evaluate_multihop(model: PreTrainedModel, dataset: datasets.Dataset, batch_size: int) -> dict:
-    """Greedy prediction of every answer token; accuracy overall, averaged over hop counts, and per hop count."""
+    """Greedy prediction of every answer token; accuracy overall, averaged over hop counts, and per hop count.
+
+    Under several processes (`accelerate launch`) each predicts its share of the batches and every process gets the
+    whole set's scores (collective: call it on every process)."""
     was_training = model.training
     model.eval()
     predictions, references, hops = [], [], []
     try:
-        for start in range(0, len(dataset), batch_size):
-            batch = dataset[start : start + batch_size]
-            ids = torch.tensor(batch["input_ids"], device=model.device)
-            mask = torch.tensor(batch["attention_mask"], device=model.device)
-            predicted = model(input_ids=ids, attention_mask=mask).logits[:, :-1].argmax(-1).cpu()
-            labels = torch.tensor(batch["labels"])[:, 1:]
-            for row, row_hops in enumerate(batch["answer_hops"]):
-                positions = (labels[row] != IGNORE_INDEX).nonzero().flatten()
-                predictions += predicted[row, positions].tolist()
-                references += labels[row, positions].tolist()
-                hops += row_hops
+        with torch.no_grad(), PartialState().split_between_processes(list(range(0, len(dataset), batch_size))) as starts:
+            for start in starts:
+                batch = dataset[start : start + batch_size]
+                ids = torch.tensor(batch["input_ids"], device=model.device)
+                mask = torch.tensor(batch["attention_mask"], device=model.device)
+                predicted = model(input_ids=ids, attention_mask=mask).logits[:, :-1].argmax(-1).cpu()
+                labels = torch.tensor(batch["labels"])[:, 1:]
+                for row, row_hops in enumerate(batch["answer_hops"]):
+                    positions = (labels[row] != IGNORE_INDEX).nonzero().flatten()
+                    predictions += predicted[row, positions].tolist()
+                    references += labels[row, positions].tolist()
+                    hops += row_hops
     finally:
         model.train(was_training)
+    predictions, references, hops = (gather_object(values) for values in (predictions, references, hops))  # in rank order
     return load_metric(MULTIHOP + "_accuracy").compute(predictions=predictions, references=references, hops=hops)
 
 
