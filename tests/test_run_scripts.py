@@ -164,6 +164,15 @@ def test_the_count_baseline_counts_the_training_blocks_kept_and_scores_those_eva
     assert metrics["eval_bigram_loss"] == pytest.approx(bigram_loss(counted, scored, len(tokenizer)))
 
 
+def test_the_unigram_baseline_is_the_hand_computed_loss_on_the_tokens_a_masked_model_is_asked_for():
+    """Special tokens ([CLS] 0, [SEP] 1) are never masked: neither counted nor scored, and given no mass."""
+    from hf_layertie.toolkit.baselines import unigram_loss
+
+    train, evaluated = [[0, 2, 2, 1], [0, 3, 1]], [[0, 2, 4, 1]]
+    # add-one counts of the non-special tokens 2, 3, 4 of a vocabulary of 5: 3, 2, 1 (of 6)
+    assert unigram_loss(train, evaluated, 5, special_ids=[0, 1]) == pytest.approx(-(math.log(3 / 6) + math.log(1 / 6)) / 2)
+
+
 def test_a_kill_after_the_last_checkpoint_finishes_from_it_without_a_step_more(tmp_path, text_files):
     flags = tiny_flags(
         tmp_path, text_files, TINY_GPT2, "--save_steps", "2", "--do_eval", "false",

@@ -6,8 +6,9 @@ little more than which token tends to follow which; the default runs print both 
 - `bigram_loss`: P(token | previous token) from counts of the training tokens, with interpolated absolute
   discounting (Ney et al., 1994; discount 0.75) onto an add-one unigram, so unseen pairs keep some mass.
   Scored on exactly the positions a causal model's evaluation loss covers: every token of a block after its first.
-- `unigram_loss`: P(token) with add-one smoothing, scored on every non-special token: the expectation of a
-  masked language model's loss for a predictor that ignores the context (masking picks tokens uniformly).
+- `unigram_loss`: P(token) of the non-special tokens with add-one smoothing, scored on every non-special token:
+  the expectation of a masked language model's loss for a predictor that ignores the context (masking picks the
+  non-special tokens uniformly).
 """
 
 from __future__ import annotations
@@ -54,8 +55,13 @@ def bigram_loss(train_blocks: Iterable[Sequence[int]], eval_blocks: Iterable[Seq
 def unigram_loss(
     train_blocks: Iterable[Sequence[int]], eval_blocks: Iterable[Sequence[int]], vocab_size: int, special_ids: Iterable[int] = ()
 ) -> float:
-    """Mean negative log-likelihood of the eval blocks' non-special tokens under an add-one unigram of the train blocks."""
-    unigram = _unigram(_flat(train_blocks), vocab_size)
-    tokens = _flat(eval_blocks)
-    tokens = tokens[~torch.isin(tokens, torch.tensor(sorted(set(special_ids)), dtype=torch.long))]
-    return float(-unigram[tokens].log().mean())
+    """Mean negative log-likelihood of the eval blocks' non-special tokens under an add-one unigram of the train
+    blocks' non-special tokens. The collator never masks a special token (`all_special_ids`, [UNK] included), so a
+    masked model is never asked for one: counted, the [CLS] and [SEP] of every line would take a fifth of the mass
+    from the tokens that are asked for."""
+    special = torch.tensor(sorted(set(special_ids)), dtype=torch.long)
+    train, tokens = _flat(train_blocks), _flat(eval_blocks)
+    counts = torch.bincount(train[~torch.isin(train, special)], minlength=vocab_size).double() + 1.0
+    counts[special] = 0.0
+    unigram = counts / counts.sum()
+    return float(-unigram[tokens[~torch.isin(tokens, special)]].log().mean())
