@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
+from .models._compat import declared_tied_weights
 from .models.tied_blocks import TiedBlocksMixin
 from .models.tying_map import TyingMap
 
@@ -52,6 +53,11 @@ def shard_tied_model(model: TiedBlocksMixin, mesh=None, **fully_shard_kwargs) ->
         raise TypeError(f"shard_tied_model needs a tied model (TiedBlocksMixin), got {type(model).__name__}")
     if isinstance(model, FSDPModule):
         raise ValueError(f"this {type(model).__name__} is sharded already; re-tie it with retie_sharded(model, optimizer, new_map)")
+    if model.adapted_blocks():
+        raise ValueError(
+            f"blocks {sorted(model.adapted_blocks())} carry PEFT adapters (relaxed ties): shard_tied_model shards plain "
+            "tied models only; train relaxed ties with DDP (accelerate launch --multi_gpu)"
+        )
     unsharded_class = type(model)
     # `fully_shard` replaces every Parameter; remembered to recognize an optimizer built before sharding.
     replaced = {id(parameter): weakref.ref(parameter) for parameter in model.parameters()}
@@ -188,11 +194,23 @@ def _gathered(local: dict, mesh) -> dict[int, dict]:
 
 
 def _unsharded_replica(model, unsharded_class: type, weights: dict) -> TiedBlocksMixin:
-    """A plain (unsharded) copy of `model` with its current map and the gathered `weights`, on the same device."""
+    """A plain (unsharded) copy of `model` with its current map, the gathered `weights`, its dtype and which of its
+    Parameters train, on the weights' device. The weights name each shared Parameter once: only tied blocks' names
+    may be missing, and anything else that does not fit is an error, not a weight left at its initialisation."""
     device = next(iter(weights.values())).device
     with torch.device(device):
-        replica = unsharded_class(copy.deepcopy(model.config))
-    replica.load_state_dict(weights, strict=False)
+        replica = unsharded_class(copy.deepcopy(model.config)).to(model.dtype)
+    loaded = replica.load_state_dict(weights, strict=False)
+    tied = declared_tied_weights(replica)
+    missing = [key for key in loaded.missing_keys if key not in tied]
+    if missing or loaded.unexpected_keys:
+        raise RuntimeError(
+            f"the gathered weights do not fit a {unsharded_class.__name__} with map {model.tying_map.render()}: "
+            f"missing {missing}, unexpected {loaded.unexpected_keys}"
+        )
+    trains = {name: parameter.requires_grad for name, parameter in model.named_parameters()}
+    for name, parameter in replica.named_parameters():
+        parameter.requires_grad_(trains[name])
     return replica.train(model.training)
 
 

@@ -57,6 +57,13 @@ def test_a_sharded_static_map_trains_as_one_process(fsdp_run, tying_map):
 
 
 @pytest.mark.slow
+def test_a_re_tie_and_a_gather_keep_the_model_s_dtype_and_frozen_parameters(fsdp_run):
+    _, ranks = fsdp_run
+    for results in ranks:
+        assert results["half"] == {"dtypes": ["torch.bfloat16"], "frozen": ["transformer.wte.weight"]}
+
+
+@pytest.mark.slow
 def test_re_ties_of_a_sharded_model_keep_weights_and_optimizer_state_as_one_process(fsdp_run):
     _, (rank0, rank1) = fsdp_run
     assert [step["map"] for step in rank0["reties"]] == [[0, 0, 0, 0], [0, 1, 1, 1], [0, 1, 1, 3], [0, 0, 2, 0], [0, 1, 2, 3]]
@@ -113,6 +120,15 @@ def test_sharding_an_unsharded_model_only(tmp_path):
         retie_sharded(GPT2.tied_model([0, 0]), None, [0, 1])
     with pytest.raises(TypeError, match="shard_tied_model needs a tied model"):
         shard_tied_model(torch.nn.Linear(2, 2))
+
+
+def test_a_model_with_adapters_is_not_sharded_but_refused_naming_what_works():
+    from hf_layertie.relaxed_ties import relax_ties
+
+    model = GPT2.tied_model([0, 0])
+    relax_ties(model, 2, "zero")
+    with pytest.raises(ValueError, match=r"blocks \[0, 1\] carry PEFT adapters .*DDP \(accelerate launch --multi_gpu\)"):
+        shard_tied_model(model)
 
 
 def test_tying_trainer_refuses_fsdp_naming_what_works(tmp_path):

@@ -81,6 +81,18 @@ try:
 except RuntimeError as error:
     results["retie_error"] = str(error)
 
+# A half-precision model with a frozen embedding stays so through a re-tie and a gather.
+torch.manual_seed(0)
+half = TiedGPT2LMHeadModel(TiedGPT2Config(**SIZES, tying_map=[0, 0, 2, 2])).to(torch.bfloat16)
+half.transformer.wte.requires_grad_(False)
+half = retie_sharded(shard_tied_model(half, mesh=mesh), None, [0, 1, 2, 2])
+half_gathered = gather_tied_model(half)
+results["half"] = {
+    "dtypes": sorted({str(parameter.dtype) for parameter in half_gathered.parameters()}),
+    "frozen": [name for name, parameter in half_gathered.named_parameters() if not parameter.requires_grad],
+}
+del half, half_gathered
+
 gathered = gather_tied_model(sharded)
 if rank == 0:
     gathered.save_pretrained(f"{output_dir}/saved")
