@@ -18,6 +18,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.constants import REPOCARD_NAME
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 TEMPLATE_PATH = Path(__file__).parent / "templates" / "tied_model_card_template.md"
 TAGS = ("hf-layertie", "dynamic-layer-tying", "weight-sharing")
@@ -27,8 +28,9 @@ _TASKS = {
     "AutoModelForCausalLM": ("text-generation", "Causal Language Modeling"),
     "AutoModelForMaskedLM": ("fill-mask", "Masked Language Modeling"),
 }
-# Keys `Trainer.evaluate()` adds next to the metrics; transformers' own cards leave them out too.
-_NOT_METRICS = ("runtime", "samples_per_second", "steps_per_second", "epoch", "step")
+# Keys `Trainer.evaluate()` and the scripts add next to the metrics (timings, counts of what was scored);
+# transformers' own cards leave them out too.
+_NOT_METRICS = ("runtime", "samples_per_second", "steps_per_second", "epoch", "step", "_samples", "_examples")
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ def build_model_card(
     base_model: str | None = None,
     tying_plot: str | Path | None = None,
     model_name: str | None = None,
+    evaluated_only: bool = False,
 ) -> ModelCard:
     """The model card of a tied model (a `TiedBlocksMixin` model registered for an Auto class).
 
@@ -102,10 +105,13 @@ def build_model_card(
             `dataset_names`), or `{dataset: {metric: value}}`. Runtime and throughput keys are left out.
         dataset_names: datasets the model was trained on (Hub ids or names); WikiText, LAMBADA and
             Shakespeare are credited.
-        base_model: the Hub id the model was fine-tuned from; `None` for a model trained from scratch.
+        base_model: the Hub id (or local folder, named in the text only) the model was fine-tuned from; `None`
+            for a model trained from scratch.
         tying_plot: the plot of the map over training; the card links its file name, relative to the card.
         model_name: the Hub repo id (or a name): title, model-index name and the id in the loading code.
             Defaults to the last part of `model.name_or_path`.
+        evaluated_only: the run scored the model and trained nothing: the card says so and names no training
+            (pass no `training_args`).
     """
     auto_class, (pipeline_tag, task_name) = _task(model)
     model_id = model_name or Path(model.name_or_path).name or f"{model.config.model_type}-model"
@@ -114,11 +120,12 @@ def build_model_card(
     model_index = _eval_results(eval_rows, pipeline_tag, task_name)
     tying_map = model.tying_map
     untied_class = model.untied_class()
+    hub_base_model = _hub_id(base_model)
     card_data = ModelCardData(
         library_name="transformers",
         pipeline_tag=pipeline_tag,
         tags=[*TAGS, model.config.model_type, untied_class.config_class.model_type],
-        base_model=base_model,
+        base_model=hub_base_model,
         datasets=dataset_names or None,
         metrics=list(dict.fromkeys(_metric_type(row.metric) for row in eval_rows)) or None,
         model_name=model_id if model_index else None,
@@ -131,14 +138,16 @@ def build_model_card(
         architecture=type(model).__name__,
         untied_architecture=untied_class.__name__,
         auto_class=auto_class,
-        base_model=base_model,
+        base_model=hub_base_model,
+        base_model_path=base_model if hub_base_model is None else None,
+        evaluated_only=evaluated_only,
         dataset_names=dataset_names,
         num_blocks=len(tying_map),
         num_distinct=tying_map.num_distinct,
         tying_map=tying_map.render(),
         tying_groups=list(tying_map.groups().items()),
         parameters=model.parameter_counts(),
-        untied_parameters=_untied_parameter_count(model),
+        untied_parameters=model.untied_parameter_count(),
         eval_rows=eval_rows,
         hyperparameters=_hyperparameters(training_args),
         tying_strategy=getattr(training_args, "tying_strategy", None),
@@ -248,11 +257,16 @@ def _format_value(value) -> str:
     return str(value.value if isinstance(value, Enum) else value)
 
 
-def _untied_parameter_count(model) -> int:
-    """Parameters of the same model with every block owning its weights."""
-    counts = model.parameter_counts()
-    per_block = sum(parameter.numel() for block in model.tied_blocks for parameter in block.parameters())
-    return counts.total - counts.blocks + per_block
+def _hub_id(base_model: str | None) -> str | None:
+    """`base_model` when it names a Hub repo (what the card's metadata and link take), None for a local folder."""
+    if base_model is None or Path(base_model).exists():
+        return None
+    try:
+        validate_repo_id(base_model)
+    except HFValidationError:
+        return None
+    return base_model
+
 
 
 def _dataset_references(dataset_names: list[str]) -> list[DatasetReference]:

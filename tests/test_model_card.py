@@ -88,6 +88,38 @@ def test_a_card_without_base_model_eval_results_or_training_arguments_says_so(tm
     assert "## Training hyper-parameters" not in card.text
 
 
+def test_an_evaluation_only_card_names_no_training_and_a_local_base_model_only_in_its_text(tmp_path):
+    base = tmp_path / "checkpoint"
+    base.mkdir()
+    card = ModelCard.load(
+        write_model_card(
+            make_model("gpt2", [0, 0, 2, 2]),
+            tmp_path / "card",
+            eval_results={"lambada": {"lambada_accuracy": 0.25, "lambada_examples": 5153}},
+            dataset_names=["lambada"],
+            base_model=str(base),
+            evaluated_only=True,
+        )
+    )
+    assert "This card records no training: the results below were measured with hf-layertie on lambada." in card.text
+    for claim in ("fine-tuned", "trained from scratch", "trained conventionally", "## Training hyper-parameters"):
+        assert claim not in card.text
+    assert card.data.base_model is None and str(base) not in str(card.data.to_dict())
+    assert [result.metric_name for result in card.data.eval_results] == ["lambada_accuracy"]  # not the count scored
+    trained = ModelCard.load(write_model_card(make_model("gpt2", [0, 0, 2, 2]), tmp_path / "trained", base_model=str(base)))
+    assert f"It was fine-tuned from a local checkpoint (`{base}`)" in trained.text and trained.data.base_model is None
+
+
+def test_the_untied_count_of_relaxed_ties_is_the_exported_model_s():
+    from hf_layertie.relaxed_ties import relax_ties
+
+    model = make_model("gpt2", [0, 0, 2, 2])
+    relax_ties(model, 2, "zero")
+    card = build_model_card(model)
+    exported = sum(parameter.numel() for parameter in model.to_untied().parameters())
+    assert f"| Same architecture without tying | {exported:,} |" in card.text
+
+
 def test_training_arguments_list_the_hyperparameters_and_every_tying_setting_given(tmp_path):
     arguments = TyingTrainingArguments(
         output_dir=str(tmp_path / "run"), learning_rate=3e-4, per_device_train_batch_size=4, max_steps=120, seed=7,

@@ -381,6 +381,12 @@ class TiedBlocksMixin(AdapterExportMixin):
         if output_embeddings is self.get_output_embeddings():
             super()._adjust_bias(output_embeddings, input_embeddings)
 
+    def untied_parameter_count(self) -> int:
+        """Parameters of the same model with every block owning its weights: `to_untied()`'s, adapters merged in."""
+        counts = self.parameter_counts()
+        per_block = sum(parameter.numel() for block in self.tied_blocks for parameter in _block_parameters(block).values())
+        return counts.total - counts.blocks + per_block
+
     def parameter_counts(self) -> ParameterCounts:
         """Total and trainable parameters, split into embeddings, blocks and the rest."""
         block_ids = {id(parameter) for parameter in self.tied_blocks.parameters()}

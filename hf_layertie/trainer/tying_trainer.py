@@ -626,10 +626,12 @@ class TyingTrainer(Trainer):
         plot = None
         if self._draws_plot and self.tying_records:
             plot = plot_tying_history(self.tying_records, output_dir / TYING_PLOT_NAME, final_step=self.state.global_step)
+        evaluated_only = self.state.global_step == 0  # a run that scored the model and trained nothing
         write_model_card(
             self.model,
             output_dir,
-            training_args=self.args,
+            training_args=None if evaluated_only else self.args,
+            evaluated_only=evaluated_only,
             eval_results=eval_results if eval_results is not None else self._last_eval_metrics(),
             tying_plot=plot,
             model_name=model_name or self.args.hub_model_id or output_dir.name,
