@@ -128,6 +128,15 @@ def test_a_tying_run_refuses_to_continue_the_checkpoints_of_a_conventional_run(t
     assert {path: path.read_bytes() for path in tmp_path.glob("checkpoint-*/*") if path.is_file()} == kept
 
 
+def test_a_run_trained_by_epochs_is_finished_unless_more_epochs_are_asked_for(tmp_path):
+    from hf_layertie.toolkit import finished_training_step
+
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 10, "max_steps": 10, "num_train_epochs": 1}))
+    assert finished_training_step(tmp_path, max_steps=-1, num_train_epochs=1) == 10
+    assert finished_training_step(tmp_path, max_steps=-1, num_train_epochs=3) is None  # resumed to train on
+    assert finished_training_step(tmp_path, max_steps=12) is None and finished_training_step(tmp_path, max_steps=8) == 10
+
+
 def test_a_finished_run_run_again_says_so_and_changes_nothing(tmp_path, text_files, caplog):
     flags = tiny_flags(tmp_path, text_files, TINY_GPT2)
     first = run(CAUSAL_LM, flags)

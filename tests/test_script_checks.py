@@ -200,12 +200,18 @@ def test_a_relaxed_checkpoint_is_resized_too_its_blocks_still_sharing(tmp_path):
     assert loaded(input_ids=torch.tensor([[len(tokenizer) - 1, 5]])).logits.shape[-1] == len(tokenizer)
 
 
+def test_a_folder_without_tokenizer_files_is_refused_naming_the_flag(tmp_path):
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=100)).save_pretrained(tmp_path)  # weights only
+    with pytest.raises(ValueError, match=rf"--model_name_or_path {re.escape(str(tmp_path))}: no tokenizer there"):
+        load_tokenizer(str(tmp_path), flag="--model_name_or_path")
+
+
 def test_a_corrupt_checkpoint_index_is_named_whatever_its_error_type(tmp_path):
     """json's JSONDecodeError takes more than a message: the error naming the flag must not itself fail."""
     GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=100)).save_pretrained(tmp_path, max_shard_size="20KB")
     (tmp_path / "model.safetensors.index.json").write_text("{ not json")
     with pytest.raises(ValueError, match=rf"--model_name_or_path {re.escape(str(tmp_path))}: could not load"):
-        run(CAUSAL_LM, ["--model_name_or_path", str(tmp_path), "--output_dir", str(tmp_path / "o"), "--do_eval", "--max_eval_samples", "2"])
+        run(CAUSAL_LM, ["--model_name_or_path", str(tmp_path), "--tokenizer_name", "gpt2", "--output_dir", str(tmp_path / "o"), "--do_eval", "--max_eval_samples", "2"])
 
 
 def test_run_mlm_masks_the_share_given_else_bert_s():

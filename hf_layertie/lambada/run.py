@@ -77,7 +77,8 @@ def _evaluate_and_fine_tune(
 
     passages = read_lambada_jsonl(lambada_args.lambada_file)
     hub_options = model_args.hub_options
-    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, **hub_options)
+    flag = "--tokenizer_name" if model_args.tokenizer_name else "--model_name_or_path"
+    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, flag=flag, **hub_options)
     model_type = tied_model_type(model_args.model_name_or_path, model_args.model_type, **hub_options)
     if model_type not in tied_model_types(AutoModelForCausalLM):
         raise ValueError(f"--model_name_or_path {model_args.model_name_or_path}: LAMBADA needs a causal model, got {model_type!r}")

@@ -147,7 +147,11 @@ def _train_and_evaluate(
 ) -> dict[str, float]:
     set_up_logging(training_args.get_process_log_level())
     output_dir = training_args.output_dir
-    finished = finished_training_step(output_dir, training_args.max_steps) if training_args.do_train else None
+    finished = (
+        finished_training_step(output_dir, training_args.max_steps, training_args.num_train_epochs)
+        if training_args.do_train
+        else None
+    )
     if finished is not None:
         missing = _missing_final_outputs(output_dir)
         saved = _saved_metrics(output_dir)
@@ -157,7 +161,7 @@ def _train_and_evaluate(
             check_resumes_saved_settings(training_args, output_dir, read_tying_state(output_dir))
             logger.warning(
                 f"Training in {output_dir} already finished at step {finished}: nothing is trained or changed. "
-                f"Pass a larger --max_steps to continue it, or a new --output_dir to train again."
+                f"Pass a larger --max_steps (or --num_train_epochs) to continue it, or a new --output_dir to train again."
             )
             return saved
         wanted = ", ".join([*missing, *asked])
@@ -300,7 +304,7 @@ def _baseline(task: LanguageModelingTask, tokenizer, counted, evaluated) -> dict
     on the blocks the model was evaluated on; none without training text to count (a --validation_file alone)."""
     if counted is None:
         return {}
-    train, validation = counted["input_ids"], evaluated["input_ids"]
+    train, validation = (blocks.with_format("torch")["input_ids"] for blocks in (counted, evaluated))
     if task.masked:
         return {"eval_unigram_loss": unigram_loss(train, validation, len(tokenizer), tokenizer.all_special_ids)}
     return {"eval_bigram_loss": bigram_loss(train, validation, len(tokenizer))}

@@ -20,8 +20,15 @@ import torch
 DISCOUNT = 0.75
 
 
+def _blocks(blocks: Iterable[Sequence[int]]) -> list[torch.Tensor]:
+    """Each block as a tensor: lists of ids, or the rows of a `datasets` column in torch format (no Python int per
+    token, which would take gigabytes for a large corpus)."""
+    return [torch.as_tensor(block, dtype=torch.long) for block in blocks]
+
+
 def _flat(blocks: Iterable[Sequence[int]]) -> torch.Tensor:
-    return torch.tensor([token for block in blocks for token in block], dtype=torch.long)
+    parts = _blocks(blocks)
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
 
 def _unigram(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -37,11 +44,9 @@ def bigram_loss(train_blocks: Iterable[Sequence[int]], eval_blocks: Iterable[Seq
     context_counts = torch.bincount(train[:-1], minlength=vocab_size).double()
     context_types = torch.bincount(pair_keys // vocab_size, minlength=vocab_size).double()
 
-    previous, following = [], []
-    for block in eval_blocks:
-        previous += block[:-1]
-        following += block[1:]
-    previous, following = torch.tensor(previous, dtype=torch.long), torch.tensor(following, dtype=torch.long)
+    evaluated = _blocks(eval_blocks)
+    previous = torch.cat([block[:-1] for block in evaluated])
+    following = torch.cat([block[1:] for block in evaluated])
     keys = previous * vocab_size + following
     found = torch.searchsorted(pair_keys, keys).clamp(max=len(pair_keys) - 1)
     counts = torch.where(pair_keys[found] == keys, pair_counts[found], 0).double()

@@ -28,9 +28,10 @@ def checkpoint_to_resume(output_dir: str | Path, resume_from_checkpoint: str | N
     return None if last is None else str(last)
 
 
-def finished_training_step(output_dir: str | Path, max_steps: int) -> int | None:
-    """The final step of a training run in `output_dir` that already reached `max_steps` (the run's own, when
-    `max_steps <= 0`, as with epochs), else None.
+def finished_training_step(output_dir: str | Path, max_steps: int, num_train_epochs: float | None = None) -> int | None:
+    """The final step of a training run in `output_dir` that already reached `max_steps`, else None. With
+    `max_steps <= 0` (training by epochs) the run's own last step is the target, unless `num_train_epochs` asks
+    for more epochs than the run trained: it then continues.
 
     `Trainer.save_state()` writes `trainer_state.json` into `output_dir` itself once training is over; training a
     finished run again would only add steps past its end (transformers resumes one step further).
@@ -41,5 +42,7 @@ def finished_training_step(output_dir: str | Path, max_steps: int) -> int | None
     with open(path) as file:
         state = json.load(file)
     step = state.get("global_step", 0)
+    if max_steps <= 0 and num_train_epochs is not None and num_train_epochs > state.get("num_train_epochs", 0):
+        return None
     target = max_steps if max_steps > 0 else state.get("max_steps", 0)
     return step if target > 0 and step >= target else None

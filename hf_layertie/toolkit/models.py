@@ -56,9 +56,17 @@ def load_tokenizer(
     them is refused naming `flag`, the argument `name_or_path` came from.
     """
     source = embedded_tokenizer_dir(SHIPPED_TOKENIZERS[name_or_path]) if name_or_path in SHIPPED_TOKENIZERS else name_or_path
-    tokenizer = AutoTokenizer.from_pretrained(
-        source, cache_dir=cache_dir, revision=revision, trust_remote_code=trust_remote_code
-    )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, cache_dir=cache_dir, revision=revision, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError) as error:
+        raise reworded(error, f"{flag} {name_or_path}: could not load a tokenizer: {error}") from error
+    if len(tokenizer) < 2:  # a folder without tokenizer files loads as an empty vocabulary (transformers 5)
+        raise ValueError(
+            f"{flag} {name_or_path}: no tokenizer there (it loads with {len(tokenizer)} token); pass a folder with "
+            f"tokenizer files (tokenizer.json, or vocab and merges), a Hub id, or one of {', '.join(SHIPPED_TOKENIZERS)}"
+        )
     if masked and (tokenizer.mask_token is None or tokenizer.pad_token is None):
         raise ValueError(
             f"{flag} {name_or_path}: masked language modeling needs a tokenizer with a mask token and a pad token, "
