@@ -137,6 +137,16 @@ def test_a_run_trained_by_epochs_is_finished_unless_more_epochs_are_asked_for(tm
     assert finished_training_step(tmp_path, max_steps=12) is None and finished_training_step(tmp_path, max_steps=8) == 10
 
 
+def test_a_checkpoint_to_resume_is_refused_naming_what_is_wrong(tmp_path):
+    from hf_layertie.toolkit import checkpoint_to_resume
+
+    with pytest.raises(ValueError, match=r"--resume_from_checkpoint .*checkpoint-9: no such folder"):
+        checkpoint_to_resume(tmp_path, str(tmp_path / "checkpoint-9"))
+    (tmp_path / "checkpoint-6").mkdir()
+    with pytest.raises(ValueError, match=r"--resume_from_checkpoint .*checkpoint-6 is incomplete: it has no config.json"):
+        checkpoint_to_resume(tmp_path, str(tmp_path / "checkpoint-6"))
+
+
 def test_a_finished_run_run_again_says_so_and_changes_nothing(tmp_path, text_files, caplog):
     flags = tiny_flags(tmp_path, text_files, TINY_GPT2)
     first = run(CAUSAL_LM, flags)

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 
 import datasets
 import numpy as np
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from .multihop import IGNORE_INDEX, check_split_sizes, read_task_settings
+from .multihop import IGNORE_INDEX, check_split_sizes, generated_splits, read_task_settings, word_level_tokenizer
 
 PAD, NO_ANSWER = "<pad>", "~"
 
@@ -82,9 +81,7 @@ class HopInductionConfig:
 def hop_induction_tokenizer(config: HopInductionConfig) -> PreTrainedTokenizerFast:
     """A word-level tokenizer: padding, `~`, the letters and one token per hop count (`k3`)."""
     vocabulary = [PAD, NO_ANSWER, *_letters(config), *(f"k{hops}" for hops in range(config.max_hops + 1))]
-    tokenizer = Tokenizer(models.WordLevel({token: index for index, token in enumerate(vocabulary)}, unk_token=PAD))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD, eos_token=PAD)
+    return word_level_tokenizer(vocabulary, pad=PAD)
 
 
 def _letters(config: HopInductionConfig) -> list[str]:
@@ -137,10 +134,4 @@ def hop_induction_datasets(config: HopInductionConfig, seed: int = 0) -> dataset
             "answer_hops": np.repeat(hops[:, None], config.length, axis=1).tolist(),
         }
 
-    return datasets.DatasetDict(
-        {
-            "train": datasets.Dataset.from_dict(rows(config.train_examples, seed)),
-            "validation": datasets.Dataset.from_dict(rows(config.eval_examples, seed + 1_000_003)),
-            "test": datasets.Dataset.from_dict(rows(config.eval_examples, seed + 2_000_006)),
-        }
-    )
+    return generated_splits(rows, config.train_examples, config.eval_examples, seed)

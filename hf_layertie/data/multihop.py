@@ -153,10 +153,27 @@ def multihop_tokenizer(config: MultiHopConfig) -> PreTrainedTokenizerFast:
     if config.tokens == "pairs":
         vocabulary += [f"{name}={value}" for name in names for value in (*digits, *names) if value != name]
         vocabulary += [f"?{name}" for name in names]
-    model = models.WordLevel({token: index for index, token in enumerate(vocabulary)}, unk_token="<pad>")
-    tokenizer = Tokenizer(model)
+    return word_level_tokenizer(vocabulary, pad="<pad>")
+
+
+def word_level_tokenizer(vocabulary: list[str], pad: str) -> PreTrainedTokenizerFast:
+    """One id per word of `vocabulary` (in order), words split on whitespace; `pad` pads and ends sequences (the
+    generated tasks' tokenizers)."""
+    tokenizer = Tokenizer(models.WordLevel({token: index for index, token in enumerate(vocabulary)}, unk_token=pad))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<pad>")
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=pad, eos_token=pad)
+
+
+def generated_splits(rows, train_examples: int, eval_examples: int, seed: int) -> datasets.DatasetDict:
+    """Train, validation and test of a generated task, `rows(count, seed)` each, from seeds far apart: no split
+    repeats another's stream of examples, and each is the same for the same `seed`."""
+    return datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict(rows(train_examples, seed)),
+            "validation": datasets.Dataset.from_dict(rows(eval_examples, seed + 1_000_003)),
+            "test": datasets.Dataset.from_dict(rows(eval_examples, seed + 2_000_006)),
+        }
+    )
 
 
 def multihop_example(config: MultiHopConfig, rng: random.Random) -> tuple[list[str], list[bool], list[int]]:
@@ -218,10 +235,4 @@ def multihop_datasets(config: MultiHopConfig, seed: int = 0) -> datasets.Dataset
             columns["answer_hops"].append(hops)
         return columns
 
-    return datasets.DatasetDict(
-        {
-            "train": datasets.Dataset.from_dict(rows(config.train_examples, seed)),
-            "validation": datasets.Dataset.from_dict(rows(config.eval_examples, seed + 1_000_003)),
-            "test": datasets.Dataset.from_dict(rows(config.eval_examples, seed + 2_000_006)),
-        }
-    )
+    return generated_splits(rows, config.train_examples, config.eval_examples, seed)

@@ -18,6 +18,8 @@ def checkpoint_to_resume(output_dir: str | Path, resume_from_checkpoint: str | N
     """An explicit `resume_from_checkpoint` (which must be complete), else the last complete checkpoint in
     `output_dir`: re-running a crashed command picks up where it was."""
     if resume_from_checkpoint is not None:
+        if not Path(resume_from_checkpoint).is_dir():
+            raise ValueError(f"--resume_from_checkpoint {resume_from_checkpoint}: no such folder")
         missing = missing_checkpoint_files(resume_from_checkpoint)
         if missing:
             raise ValueError(f"--resume_from_checkpoint {resume_from_checkpoint} is incomplete: it has no {', '.join(missing)}")

@@ -64,7 +64,7 @@ def load_text_datasets(
 
 
 def _load_files(
-    train_file: str | None, validation_file: str | None, keep_linebreaks: bool, cache_dir, streaming: bool = False
+    train_file: str | None, validation_file: str | None, keep_linebreaks: bool, cache_dir: str | None, streaming: bool = False
 ) -> datasets.DatasetDict | datasets.IterableDatasetDict:
     named = {"train": (train_file, "--train_file"), "validation": (validation_file, "--validation_file")}
     files = {split: _check_data_file(path, flag) for split, (path, flag) in named.items() if path is not None}

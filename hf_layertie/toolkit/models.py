@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import get_args
 
 import torch
 from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -12,20 +13,18 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedT
 from transformers.utils import is_flash_attn_2_available
 
 from ..checks import reworded
-from ..data import embedded_tokenizer_dir
+from ..data import TokenizerKind, embedded_tokenizer_dir
 from ..models import TIED_MODELS
 from ..trainer.checkpoint_format import WEIGHTS_FILES
 
 logger = logging.getLogger(__name__)
 
-# Names that load the tokenizer shipped in hf_layertie/data (the files are the Hub's, or trained here).
+# Names that load the tokenizer shipped in hf_layertie/data (the files are the Hub's, or trained here): each kind
+# by its own name, and the two Hub ones also by their current repo ids.
 SHIPPED_TOKENIZERS = {
-    "gpt2": "gpt2",
+    **{kind: kind for kind in get_args(TokenizerKind)},
     "openai-community/gpt2": "gpt2",
-    "bert-base-uncased": "bert-base-uncased",
     "google-bert/bert-base-uncased": "bert-base-uncased",
-    "shakespeare-bpe": "shakespeare-bpe",
-    "shakespeare-wordpiece": "shakespeare-wordpiece",
 }
 
 def tied_model_types(auto_class: type) -> tuple[str, ...]:
