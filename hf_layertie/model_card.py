@@ -125,8 +125,9 @@ def build_model_card(
         library_name="transformers",
         pipeline_tag=pipeline_tag,
         tags=[*TAGS, model.config.model_type, untied_class.config_class.model_type],
-        base_model=hub_base_model,
-        datasets=dataset_names or None,
+        # The Hub reads these two as what the model was fine-tuned from and trained on: none without training.
+        base_model=None if evaluated_only else hub_base_model,
+        datasets=None if evaluated_only else dataset_names or None,
         metrics=list(dict.fromkeys(_metric_type(row.metric) for row in eval_rows)) or None,
         model_name=model_id if model_index else None,
         eval_results=model_index or None,

@@ -199,7 +199,12 @@ def _unsharded_replica(model, unsharded_class: type, weights: dict) -> TiedBlock
     may be missing, and anything else that does not fit is an error, not a weight left at its initialisation."""
     device = next(iter(weights.values())).device
     with torch.device(device):
-        replica = unsharded_class(copy.deepcopy(model.config)).to(model.dtype)
+        replica = unsharded_class(copy.deepcopy(model.config))
+    kept = {name: (parameter.dtype, parameter.requires_grad) for name, parameter in model.named_parameters()}
+    for name, parameter in replica.named_parameters():  # each shared Parameter once: its ties stay
+        dtype, requires_grad = kept[name]
+        parameter.data = parameter.data.to(dtype)
+        parameter.requires_grad_(requires_grad)
     loaded = replica.load_state_dict(weights, strict=False)
     tied = declared_tied_weights(replica)
     missing = [key for key in loaded.missing_keys if key not in tied]
@@ -208,9 +213,6 @@ def _unsharded_replica(model, unsharded_class: type, weights: dict) -> TiedBlock
             f"the gathered weights do not fit a {unsharded_class.__name__} with map {model.tying_map.render()}: "
             f"missing {missing}, unexpected {loaded.unexpected_keys}"
         )
-    trains = {name: parameter.requires_grad for name, parameter in model.named_parameters()}
-    for name, parameter in replica.named_parameters():
-        parameter.requires_grad_(trains[name])
     return replica.train(model.training)
 
 

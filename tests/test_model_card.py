@@ -104,7 +104,11 @@ def test_an_evaluation_only_card_names_no_training_and_a_local_base_model_only_i
     assert "This card records no training: the results below were measured with hf-layertie on lambada." in card.text
     for claim in ("fine-tuned", "trained from scratch", "trained conventionally", "## Training hyper-parameters"):
         assert claim not in card.text
-    assert card.data.base_model is None and str(base) not in str(card.data.to_dict())
+    assert card.data.base_model is None and card.data.datasets is None and str(base) not in str(card.data.to_dict())
+    hub_base = ModelCard.load(
+        write_model_card(make_model("gpt2", [0, 0, 2, 2]), tmp_path / "hub", base_model="openai-community/gpt2", evaluated_only=True)
+    )
+    assert hub_base.data.base_model is None  # nothing was fine-tuned from it here
     assert [result.metric_name for result in card.data.eval_results] == ["lambada_accuracy"]  # not the count scored
     trained = ModelCard.load(write_model_card(make_model("gpt2", [0, 0, 2, 2]), tmp_path / "trained", base_model=str(base)))
     assert f"It was fine-tuned from a local checkpoint (`{base}`)" in trained.text and trained.data.base_model is None

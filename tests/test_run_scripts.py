@@ -131,10 +131,15 @@ def test_a_tying_run_refuses_to_continue_the_checkpoints_of_a_conventional_run(t
 def test_a_run_trained_by_epochs_is_finished_unless_more_epochs_are_asked_for(tmp_path):
     from hf_layertie.toolkit import finished_training_step
 
-    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 10, "max_steps": 10, "num_train_epochs": 1}))
+    state = {"global_step": 10, "max_steps": 10, "num_train_epochs": 1, "epoch": 1.0}
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state))
     assert finished_training_step(tmp_path, max_steps=-1, num_train_epochs=1) == 10
     assert finished_training_step(tmp_path, max_steps=-1, num_train_epochs=3) is None  # resumed to train on
     assert finished_training_step(tmp_path, max_steps=12) is None and finished_training_step(tmp_path, max_steps=8) == 10
+    # Half an epoch (the Trainer saves num_train_epochs rounded up): one epoch asked for is more.
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state | {"epoch": 0.5}))
+    assert finished_training_step(tmp_path, max_steps=-1, num_train_epochs=1) is None
+    assert finished_training_step(tmp_path, max_steps=-1, num_train_epochs=0.5) == 10
 
 
 def test_a_checkpoint_to_resume_is_refused_naming_what_is_wrong(tmp_path):

@@ -200,10 +200,16 @@ def test_a_relaxed_checkpoint_is_resized_too_its_blocks_still_sharing(tmp_path):
     assert loaded(input_ids=torch.tensor([[len(tokenizer) - 1, 5]])).logits.shape[-1] == len(tokenizer)
 
 
-def test_a_folder_without_tokenizer_files_is_refused_naming_the_flag(tmp_path):
-    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=100)).save_pretrained(tmp_path)  # weights only
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_folder_without_tokenizer_files_is_refused_naming_the_flag(tmp_path, masked):
+    """GPT-2's loads as one token, BERT's as its five special tokens: neither is a vocabulary to train on."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    small = dict(vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
+    plain = BertForMaskedLM(BertConfig(**small)) if masked else GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=100))
+    plain.save_pretrained(tmp_path)  # weights only
     with pytest.raises(ValueError, match=rf"--model_name_or_path {re.escape(str(tmp_path))}: no tokenizer there"):
-        load_tokenizer(str(tmp_path), flag="--model_name_or_path")
+        load_tokenizer(str(tmp_path), masked=masked, flag="--model_name_or_path")
 
 
 def test_a_corrupt_checkpoint_index_is_named_whatever_its_error_type(tmp_path):

@@ -80,6 +80,15 @@ def test_retie_on_a_sharded_model_raises_naming_retie_sharded(fsdp_run):
 
 
 @pytest.mark.slow
+def test_an_evaluation_shared_out_between_processes_refuses_a_sharded_model(fsdp_run):
+    """Each process scores its own batches: FSDP's collective forward would leave them waiting on each other."""
+    _, ranks = fsdp_run
+    for results in ranks:
+        assert results["evaluation_error"].startswith("evaluate_multihop scores an unsharded model")
+        assert "gather_tied_model(model)" in results["evaluation_error"]
+
+
+@pytest.mark.slow
 def test_a_gathered_sharded_model_saves_a_checkpoint_that_loads_with_the_same_logits(fsdp_run):
     output_dir, (rank0, _) = fsdp_run
     loaded = TiedGPT2LMHeadModel.from_pretrained(output_dir / "saved").eval()

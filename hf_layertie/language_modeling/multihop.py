@@ -16,6 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..data.hop_induction import HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer
 from ..data.multihop import IGNORE_INDEX, MultiHopConfig, multihop_datasets, multihop_tokenizer
 from ..metrics import load_metric
+from ..toolkit import check_unsharded
 
 if TYPE_CHECKING:
     from .arguments import DataTrainingArguments
@@ -78,13 +79,15 @@ def evaluate_multihop(model: PreTrainedModel, dataset: datasets.Dataset, batch_s
     """Greedy prediction of every answer token; accuracy overall, averaged over hop counts, and per hop count.
 
     Under several processes (`accelerate launch`) each predicts its share of the batches and every process gets the
-    whole set's scores (collective: call it on every process)."""
+    whole set's scores (collective: call it on every process, with an unsharded model)."""
+    check_unsharded(model, "evaluate_multihop")
+    state = PartialState()
     was_training = model.training
     model.eval()
     predictions, references, hops = [], [], []
     try:
-        with torch.no_grad(), PartialState().split_between_processes(list(range(0, len(dataset), batch_size))) as starts:
-            for start in starts:
+        with torch.no_grad():
+            for start in range(state.process_index * batch_size, len(dataset), state.num_processes * batch_size):
                 batch = dataset[start : start + batch_size]
                 ids = torch.tensor(batch["input_ids"], device=model.device)
                 mask = torch.tensor(batch["attention_mask"], device=model.device)
@@ -97,7 +100,7 @@ def evaluate_multihop(model: PreTrainedModel, dataset: datasets.Dataset, batch_s
                     hops += row_hops
     finally:
         model.train(was_training)
-    predictions, references, hops = (gather_object(values) for values in (predictions, references, hops))  # in rank order
+    predictions, references, hops = (gather_object(values) for values in (predictions, references, hops))  # counted: any order
     return load_metric(MULTIHOP + "_accuracy").compute(predictions=predictions, references=references, hops=hops)
 
 

@@ -17,13 +17,14 @@ from .data import (
 )
 from .logs import set_up_logging
 from .models import SHIPPED_TOKENIZERS, check_tied_model_type, load_model, load_tokenizer, tied_model_type, tied_model_types
-from .processes import process_group_ended
+from .processes import check_unsharded, process_group_ended
 
 __all__ = [
     "SHIPPED_TOKENIZERS",
     "ModelArguments",
     "bigram_loss",
     "check_tied_model_type",
+    "check_unsharded",
     "checkpoint_to_resume",
     "finished_training_step",
     "fit_tokenizer_to_model",

@@ -45,8 +45,7 @@ def bigram_loss(train_blocks: Iterable[Sequence[int]], eval_blocks: Iterable[Seq
     context_types = torch.bincount(pair_keys // vocab_size, minlength=vocab_size).double()
 
     evaluated = _blocks(eval_blocks)
-    previous = torch.cat([block[:-1] for block in evaluated])
-    following = torch.cat([block[1:] for block in evaluated])
+    previous, following = _flat(block[:-1] for block in evaluated), _flat(block[1:] for block in evaluated)
     keys = previous * vocab_size + following
     found = torch.searchsorted(pair_keys, keys).clamp(max=len(pair_keys) - 1)
     counts = torch.where(pair_keys[found] == keys, pair_counts[found], 0).double()
@@ -61,9 +60,10 @@ def unigram_loss(
     train_blocks: Iterable[Sequence[int]], eval_blocks: Iterable[Sequence[int]], vocab_size: int, special_ids: Iterable[int] = ()
 ) -> float:
     """Mean negative log-likelihood of the eval blocks' non-special tokens under an add-one unigram of the train
-    blocks' non-special tokens. The collator never masks a special token (`all_special_ids`, [UNK] included), so a
-    masked model is never asked for one: counted, the [CLS] and [SEP] of every line would take a fifth of the mass
-    from the tokens that are asked for."""
+    blocks' non-special tokens. The collator masks no token of `all_special_ids` ([UNK] included: the mask it
+    computes when the Trainer has dropped the tokenized `special_tokens_mask` column, as by default), so a masked
+    model is never asked for one; counted, the [CLS] and [SEP] of every line would take a fifth of the mass from the
+    tokens that are asked for."""
     special = torch.tensor(sorted(set(special_ids)), dtype=torch.long)
     train, tokens = _flat(train_blocks), _flat(eval_blocks)
     counts = torch.bincount(train[~torch.isin(train, special)], minlength=vocab_size).double() + 1.0

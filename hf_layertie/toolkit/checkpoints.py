@@ -33,7 +33,8 @@ def checkpoint_to_resume(output_dir: str | Path, resume_from_checkpoint: str | N
 def finished_training_step(output_dir: str | Path, max_steps: int, num_train_epochs: float | None = None) -> int | None:
     """The final step of a training run in `output_dir` that already reached `max_steps`, else None. With
     `max_steps <= 0` (training by epochs) the run's own last step is the target, unless `num_train_epochs` asks
-    for more epochs than the run trained: it then continues.
+    for more epochs than the run trained: it then continues from its last complete checkpoint (or, with none,
+    trains again).
 
     `Trainer.save_state()` writes `trainer_state.json` into `output_dir` itself once training is over; training a
     finished run again would only add steps past its end (transformers resumes one step further).
@@ -44,7 +45,9 @@ def finished_training_step(output_dir: str | Path, max_steps: int, num_train_epo
     with open(path) as file:
         state = json.load(file)
     step = state.get("global_step", 0)
-    if max_steps <= 0 and num_train_epochs is not None and num_train_epochs > state.get("num_train_epochs", 0):
+    # The epochs trained (`epoch`, a fraction: the saved `num_train_epochs` is rounded up); a state without it is a
+    # run's that ended as the Trainer ends one, judged by its own last step below.
+    if max_steps <= 0 and num_train_epochs is not None and num_train_epochs > state.get("epoch", num_train_epochs) + 1e-6:
         return None
     target = max_steps if max_steps > 0 else state.get("max_steps", 0)
     return step if target > 0 and step >= target else None

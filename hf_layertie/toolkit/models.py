@@ -61,10 +61,12 @@ def load_tokenizer(
         )
     except (OSError, ValueError) as error:
         raise reworded(error, f"{flag} {name_or_path}: could not load a tokenizer: {error}") from error
-    if len(tokenizer) < 2:  # a folder without tokenizer files loads as an empty vocabulary (transformers 5)
+    if not set(tokenizer.get_vocab()) - set(tokenizer.all_special_tokens):
+        # A folder without tokenizer files loads (transformers 5) as a tokenizer of special tokens alone.
         raise ValueError(
-            f"{flag} {name_or_path}: no tokenizer there (it loads with {len(tokenizer)} token); pass a folder with "
-            f"tokenizer files (tokenizer.json, or vocab and merges), a Hub id, or one of {', '.join(SHIPPED_TOKENIZERS)}"
+            f"{flag} {name_or_path}: no tokenizer there (it loads with special tokens only, {len(tokenizer)}); pass a "
+            f"folder with tokenizer files (tokenizer.json, or vocab and merges), a Hub id, or one of "
+            f"{', '.join(SHIPPED_TOKENIZERS)}"
         )
     if masked and (tokenizer.mask_token is None or tokenizer.pad_token is None):
         raise ValueError(

@@ -1,4 +1,5 @@
-"""How every script ends: the process group it joined is destroyed, whichever way the run ended."""
+"""Processes: how every script ends (the process group it joined is destroyed, whichever way the run ended), and
+what the evaluations shared out between processes need."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from accelerate import PartialState
+from torch import nn
+
+from ..models._compat import is_fsdp_sharded
 
 
 @contextmanager
@@ -24,3 +28,13 @@ def process_group_ended() -> Iterator[None]:
     finally:
         gc.collect()
         PartialState().destroy_process_group()
+
+
+def check_unsharded(model: nn.Module, function: str) -> None:
+    """Refuse an FSDP2-sharded model to an evaluation that each process runs on its own batches: FSDP's forward is
+    collective, and processes running different numbers of forwards would wait on each other for ever."""
+    if is_fsdp_sharded(model):
+        raise ValueError(
+            f"{function} scores an unsharded model (each process scores its own batches); pass "
+            "hf_layertie.gather_tied_model(model) instead of the FSDP2-sharded one"
+        )

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel
+from hf_layertie.language_modeling.multihop import evaluate_multihop
 from hf_layertie.sharding import gather_tied_model, retie_sharded, shard_tied_model
 from hf_layertie.trainer import sync_optimizer_with_model
 
@@ -80,6 +81,10 @@ try:
     sharded.retie([0, 0, 0, 0])
 except RuntimeError as error:
     results["retie_error"] = str(error)
+try:  # checked before any data is read
+    evaluate_multihop(sharded, None, batch_size=1)
+except ValueError as error:
+    results["evaluation_error"] = str(error)
 
 # A half-precision model with a frozen embedding stays so through a re-tie and a gather.
 torch.manual_seed(0)
