@@ -57,7 +57,7 @@ from bench.compress_run import run_row  # noqa: E402
 from bench.compress_settings import PRESETS, CompressSettings, Row, plan, row_dir, seed_dir, teacher_ready  # noqa: E402
 from bench.measure import task_data  # noqa: E402
 from bench.provenance import provenance  # noqa: E402
-from bench.scheduling import Job, run_jobs, single_run_command, write_complete  # noqa: E402
+from bench.scheduling import RESULT_FILE, Job, run_jobs, single_run_command, write_complete  # noqa: E402
 from bench.settings import REPO_ROOT, check_task, parse_integers  # noqa: E402
 
 
@@ -112,7 +112,7 @@ def main() -> None:
         row = next(row for row in plan(settings) if row.label == label)
         run_dir = row_dir(output, row, seed)
         source = provenance()  # the code this process loaded, not what the tree holds when the row ends
-        write_complete(run_dir / "result.json", {**run_row(settings, row, seed, run_dir, seed_dir(output, seed)), **source})
+        write_complete(run_dir / RESULT_FILE, {**run_row(settings, row, seed, run_dir, seed_dir(output, seed)), **source})
         return
     _claim(output, settings)
     failures = [] if args.report_only else _run_all(settings, output, args.jobs)
@@ -153,7 +153,7 @@ class _RowQueue:
 
     def __init__(self, output: Path, todo: list[tuple[Row, int]], progress: tqdm, forked: bool = False):
         self.output, self.progress, self.failures, self.forked = output, progress, [], forked
-        self.queue = [item for item in todo if not (row_dir(output, *item) / "result.json").is_file()]
+        self.queue = [item for item in todo if not (row_dir(output, *item) / RESULT_FILE).is_file()]
         progress.update(len(todo) - len(self.queue))
         self.training_teacher: set[tuple[int, str]] = set()  # (seed, family) whose teacher a running row trains
 
@@ -168,9 +168,7 @@ class _RowQueue:
             self.training_teacher.add(_family(row, seed))
         command = single_run_command(Path(__file__).resolve(), json.dumps([row.label, seed]))
         env = {"OMP_NUM_THREADS": "1"}
-        run_dir = row_dir(self.output, row, seed)
-        name = f"{row.label} seed {seed}"
-        return Job(name, run_dir, command, env, payload=(row, seed), forked=self.forked, result_file=run_dir / "result.json")
+        return Job(f"{row.label} seed {seed}", row_dir(self.output, row, seed), command, env, payload=(row, seed), forked=self.forked)
 
     def finished(self, job: Job, returncode: int) -> None:
         row, seed = job.payload
@@ -178,7 +176,7 @@ class _RowQueue:
         if returncode != 0:
             self.failures.append(job.failure(returncode))
         else:
-            result = json.loads((job.run_dir / "result.json").read_text())
+            result = json.loads((job.run_dir / RESULT_FILE).read_text())
             self.progress.write(f"seed {seed} {row.label}: test loss {result['test_loss']:.4f}, {result['train_seconds']:.0f} s")
         family = _family(row, seed)
         if family in self.training_teacher:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.markdown_tables import MIB, estimate, refresh_markdown  # noqa: E402
 from bench.provenance import source_lines  # noqa: E402
 from bench.report import accuracy_summary, paired_difference, verdict_cell  # noqa: E402
-from bench.scheduling import Job, run_jobs, write_complete  # noqa: E402
+from bench.scheduling import RESULT_FILE, Job, run_jobs, write_complete  # noqa: E402
 from hf_layertie import resolve_tying_map  # noqa: E402
 from bench.settings import REPO_ROOT, parse_integers  # noqa: E402
 
@@ -81,7 +81,7 @@ def main() -> None:
 def _run_all(seeds: tuple[int, ...], jobs: int, results_dir: Path) -> list[str]:
     for row in ROWS:
         _finished(results_dir, row, seeds)  # finished runs measured under other settings stop it here
-    todo = [(row, seed) for seed in seeds for row in ROWS if not (_run_dir(results_dir, row, seed) / "result.json").is_file()]
+    todo = [(row, seed) for seed in seeds for row in ROWS if not (_run_dir(results_dir, row, seed) / RESULT_FILE).is_file()]
     jobs_left = [_job(row, seed, results_dir) for row, seed in todo]
     failures: list[str] = []
     with tqdm(total=len(todo), desc="hop-depth runs", unit="run") as progress:
@@ -101,7 +101,7 @@ def _job(row: Row, seed: int, results_dir: Path) -> Job:
         "--n_layer", str(row.n_layer), "--tying_map", row.tying_map, "--steps", str(STEPS), "--seed", str(seed),
         "--result_file", str(run_dir / "probe.json"),
     ]  # fmt: skip
-    return Job(f"{row.label} seed {seed}", run_dir, command, payload=(row, seed), result_file=run_dir / "result.json")
+    return Job(f"{row.label} seed {seed}", run_dir, command, payload=(row, seed))
 
 
 def _record(job: Job, returncode: int, failures: list[str], progress) -> None:
@@ -115,7 +115,7 @@ def _record(job: Job, returncode: int, failures: list[str], progress) -> None:
     # The study's run fields: a fixed map's peak of distinct blocks is its count. The probe took its provenance
     # when it started.
     record = {"label": row.label, **probe, "num_blocks": row.n_layer, "distinct_peak": probe["distinct_blocks"]}
-    write_complete(job.run_dir / "result.json", record)
+    write_complete(job.run_dir / RESULT_FILE, record)
     partial.unlink()
     progress.write(f"{row.label} seed {seed}: mean accuracy {record['mean_accuracy']:.3f}")
 
@@ -139,7 +139,7 @@ def write_report(seeds: tuple[int, ...], results_dir: Path = RESULTS, report_dir
 def _finished(results_dir: Path, row: Row, seeds: tuple[int, ...]) -> dict[int, dict]:
     runs = {}
     for seed in seeds:
-        path = _run_dir(results_dir, row, seed) / "result.json"
+        path = _run_dir(results_dir, row, seed) / RESULT_FILE
         if path.is_file():
             run = json.loads(path.read_text())
             measured = (run["task"], run["steps"], run["n_layer"], run["tying_map"])

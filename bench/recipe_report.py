@@ -37,7 +37,16 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
 from bench.markdown_tables import estimate, refresh_markdown  # noqa: E402
 from bench.provenance import source_lines  # noqa: E402
 from bench.report import interval, load_result  # noqa: E402
-from bench.settings import PRESETS, RECIPE_FIELDS, RECIPE_FIRST, RECIPE_REPORT, folder_recipe, recipe_runs, untied_label  # noqa: E402
+from bench.settings import (  # noqa: E402
+    PRESETS,
+    RECIPE_FIELDS,
+    RECIPE_FIRST,
+    RECIPE_REPORT,
+    folder_recipe,
+    folder_settings,
+    recipe_runs,
+    untied_label,
+)
 
 CHOICE_SEEDS = (0, 1, 2, 3, 4)  # the issue: a recipe is chosen on seeds 0-4, then frozen for fresh seeds 5-14
 # The rows a recipe is chosen on: the looped model whose lost seeds raised the question, and its rival at equal
@@ -60,9 +69,8 @@ def check_recipes_alone_differ(folders: list[Path]) -> None:
     by_settings: dict[str, list[Path]] = {}
     by_recipe: dict[str, list[Path]] = {}
     for folder in folders:
-        fields = json.loads(json.loads((folder / "settings.json").read_text())["fingerprint"])
-        beside = json.dumps({name: value for name, value in fields.items() if name not in RECIPE_FIELDS}, sort_keys=True)
-        by_settings.setdefault(beside, []).append(folder)
+        settings = {name: value for name, value in folder_settings(folder).items() if name not in RECIPE_FIELDS}
+        by_settings.setdefault(json.dumps(settings, sort_keys=True), []).append(folder)
         by_recipe.setdefault(recipe_of(folder)["name"], []).append(folder)
     if len(by_settings) > 1:
         groups = "; ".join(", ".join(str(folder) for folder in group) for group in by_settings.values())

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.measure import count_bigram_test_loss, run, task_data  # noqa: E402
 from bench.markdown_tables import refresh_markdown  # noqa: E402
 from bench.report import LEARNING_RATES_FILE, load_result, read_learning_rates, write_learning_rates, write_report  # noqa: E402
-from bench.scheduling import Job, run_jobs, single_run_command, write_complete  # noqa: E402
+from bench.scheduling import RESULT_FILE, Job, run_jobs, single_run_command, write_complete  # noqa: E402
 from bench.settings import (  # noqa: E402
     BenchArguments,
     BenchSettings,
@@ -44,8 +44,6 @@ from bench.settings import (  # noqa: E402
     run_tiers,
     runs_after,
 )
-
-RESULT_FILE = "result.json"
 
 
 def main() -> None:
@@ -163,8 +161,7 @@ class Scheduler:
             command = single_run_command(Path(__file__).resolve(), spec.to_json())
             env = {"TOKENIZERS_PARALLELISM": "false", **threads}
             forked = self.settings.fork_runs and spec.kind != "memory"  # a memory run's peak is a fresh process's
-            name = f"{spec.label} seed {spec.seed}"
-            return Job(name, run_dir, command, env, payload=(order, spec), forked=forked, result_file=run_dir / RESULT_FILE)
+            return Job(f"{spec.label} seed {spec.seed}", run_dir, command, env, payload=(order, spec), forked=forked)
         return None
 
     def _finish(self, job: Job, returncode: int) -> None:

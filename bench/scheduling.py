@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import IO, Any
 
 LOCK_FILE = ".lock"
+# What marks a run finished: each script writes it last, whole (`write_complete`), and a re-run skips its run.
+RESULT_FILE = "result.json"
 # What `finished` gets for a job left unstarted because another process holds its folder's lock: beyond any exit
 # status (0 to 255) or signal (negative).
 LOCKED = 256
@@ -57,9 +59,13 @@ class Job:
     # Started from a template that imported the script once (the module's docstring); `command` is then
     # `[python, script, *flags]`. For runs of seconds; never for a run whose process peak is measured.
     forked: bool = False
-    # The file whose presence marks the run finished. Checked again once the folder's lock is held: a second
-    # scheduler on the same results may have finished the run since this one queued it (it is then not rerun).
-    result_file: Path | None = None
+
+    @property
+    def result_file(self) -> Path:
+        """The file whose presence marks the run finished (`RESULT_FILE`, written whole by `write_complete`). Checked
+        again once the folder's lock is held: a second scheduler on the same results may have finished the run since
+        this one queued it, and it is then not rerun."""
+        return self.run_dir / RESULT_FILE
 
     def failure(self, returncode: int) -> str:
         """The line a script's summary gives a failed run: its name, and its exit code and log, or the lock that kept
@@ -123,7 +129,7 @@ def _start(job: Job, templates: dict[tuple, Template]) -> subprocess.Popen | For
     lock = _lock(job.run_dir / LOCK_FILE)
     if lock is None:
         return LOCKED
-    if job.result_file is not None and job.result_file.is_file():
+    if job.result_file.is_file():
         lock.close()
         return 0
     env = {**os.environ, **job.env}

@@ -254,10 +254,16 @@ def freeze_recipe(settings: BenchSettings, args: BenchArguments, output: Path) -
     return dataclasses.replace(settings, **recipe)
 
 
+def folder_settings(folder: Path) -> dict:
+    """The settings a results folder's runs were measured under: its settings.json's fingerprint, as a dict (a
+    `LATER_SETTINGS` field at its former value is left out)."""
+    return json.loads(json.loads((folder / "settings.json").read_text())["fingerprint"])
+
+
 def folder_recipe(folder: Path) -> dict[str, str | float]:
     """The schedule and weight decay a results folder's runs were measured under, from its settings.json (a study
     value is left out of the fingerprint, so it is LATER_SETTINGS')."""
-    fields = json.loads(json.loads((folder / "settings.json").read_text())["fingerprint"])
+    fields = folder_settings(folder)
     return {name: fields.get(name, LATER_SETTINGS[name]) for name in RECIPE_FIELDS}
 
 

@@ -269,7 +269,6 @@ def _hub_id(base_model: str | None) -> str | None:
     return base_model
 
 
-
 def _dataset_references(dataset_names: list[str]) -> list[DatasetReference]:
     return [
         reference

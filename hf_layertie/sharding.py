@@ -53,9 +53,10 @@ def shard_tied_model(model: TiedBlocksMixin, mesh=None, **fully_shard_kwargs) ->
         raise TypeError(f"shard_tied_model needs a tied model (TiedBlocksMixin), got {type(model).__name__}")
     if isinstance(model, FSDPModule):
         raise ValueError(f"this {type(model).__name__} is sharded already; re-tie it with retie_sharded(model, optimizer, new_map)")
-    if model.adapted_blocks():
+    adapted = model.adapted_blocks()
+    if adapted:
         raise ValueError(
-            f"blocks {sorted(model.adapted_blocks())} carry PEFT adapters (relaxed ties): shard_tied_model shards plain "
+            f"blocks {sorted(adapted)} carry PEFT adapters (relaxed ties): shard_tied_model shards plain "
             "tied models only; train relaxed ties with DDP (accelerate launch --multi_gpu)"
         )
     unsharded_class = type(model)

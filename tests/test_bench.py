@@ -1139,7 +1139,7 @@ def test_a_run_another_scheduler_finished_since_it_was_queued_is_not_run_again(t
     run_dir.mkdir()
     write_complete(run_dir / "result.json", {"finished": "elsewhere"})
     (run_dir / "log.txt").write_text("the other scheduler's run\n")
-    jobs = [Job("run", run_dir, [sys.executable, "-c", "raise SystemExit(3)"], result_file=run_dir / "result.json")]
+    jobs = [Job("run", run_dir, [sys.executable, "-c", "raise SystemExit(3)"])]
     codes = []
     run_jobs(lambda: jobs.pop() if jobs else None, lambda job, code: codes.append(code), 1)
     assert codes == [0]

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..metrics import load_metric
-from ..toolkit import check_unsharded
+from ..toolkit import this_process_share
 from .reader import split_context_target
 
 
@@ -67,17 +67,14 @@ def evaluate_lambada(
     encoded.sort(key=lambda passage: len(passage.token_ids), reverse=True)
     batches = [encoded[start : start + batch_size] for start in range(0, len(encoded), batch_size)]
 
-    check_unsharded(model, "evaluate_lambada")
-    # Several processes (`accelerate launch`): each scores every num_processes-th batch, longest and shortest alike.
-    state = PartialState()
-    own_batches = batches[state.process_index :: state.num_processes]
+    own_batches = this_process_share(model, batches, "evaluate_lambada")
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
             scores = [
                 score
-                for batch in tqdm(own_batches, desc="LAMBADA", unit="batch", disable=not (show_progress and state.is_main_process))
+                for batch in tqdm(own_batches, desc="LAMBADA", unit="batch", disable=not (show_progress and PartialState().is_main_process))
                 for score in _score_batch(model, batch)
             ]
     finally:

@@ -9,14 +9,13 @@ from typing import TYPE_CHECKING
 
 import datasets
 import torch
-from accelerate import PartialState
 from accelerate.utils import gather_object
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..data.hop_induction import HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer
 from ..data.multihop import IGNORE_INDEX, MultiHopConfig, multihop_datasets, multihop_tokenizer
 from ..metrics import load_metric
-from ..toolkit import check_unsharded
+from ..toolkit import this_process_share
 
 if TYPE_CHECKING:
     from .arguments import DataTrainingArguments
@@ -80,24 +79,22 @@ def evaluate_multihop(model: PreTrainedModel, dataset: datasets.Dataset, batch_s
 
     Under several processes (`accelerate launch`) each predicts its share of the batches and every process gets the
     whole set's scores (collective: call it on every process, with an unsharded model)."""
-    check_unsharded(model, "evaluate_multihop")
-    state = PartialState()
+    starts = this_process_share(model, range(0, len(dataset), batch_size), "evaluate_multihop")
     was_training = model.training
     model.eval()
     predictions, references, hops = [], [], []
     try:
-        with torch.no_grad():
-            for start in range(state.process_index * batch_size, len(dataset), state.num_processes * batch_size):
-                batch = dataset[start : start + batch_size]
-                ids = torch.tensor(batch["input_ids"], device=model.device)
-                mask = torch.tensor(batch["attention_mask"], device=model.device)
-                predicted = model(input_ids=ids, attention_mask=mask).logits[:, :-1].argmax(-1).cpu()
-                labels = torch.tensor(batch["labels"])[:, 1:]
-                for row, row_hops in enumerate(batch["answer_hops"]):
-                    positions = (labels[row] != IGNORE_INDEX).nonzero().flatten()
-                    predictions += predicted[row, positions].tolist()
-                    references += labels[row, positions].tolist()
-                    hops += row_hops
+        for start in starts:
+            batch = dataset[start : start + batch_size]
+            ids = torch.tensor(batch["input_ids"], device=model.device)
+            mask = torch.tensor(batch["attention_mask"], device=model.device)
+            predicted = model(input_ids=ids, attention_mask=mask).logits[:, :-1].argmax(-1).cpu()
+            labels = torch.tensor(batch["labels"])[:, 1:]
+            for row, row_hops in enumerate(batch["answer_hops"]):
+                positions = (labels[row] != IGNORE_INDEX).nonzero().flatten()
+                predictions += predicted[row, positions].tolist()
+                references += labels[row, positions].tolist()
+                hops += row_hops
     finally:
         model.train(was_training)
     predictions, references, hops = (gather_object(values) for values in (predictions, references, hops))  # counted: any order

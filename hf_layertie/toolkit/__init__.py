@@ -17,14 +17,13 @@ from .data import (
 )
 from .logs import set_up_logging
 from .models import SHIPPED_TOKENIZERS, check_tied_model_type, load_model, load_tokenizer, tied_model_type, tied_model_types
-from .processes import check_unsharded, process_group_ended
+from .processes import process_group_ended, this_process_share
 
 __all__ = [
     "SHIPPED_TOKENIZERS",
     "ModelArguments",
     "bigram_loss",
     "check_tied_model_type",
-    "check_unsharded",
     "checkpoint_to_resume",
     "finished_training_step",
     "fit_tokenizer_to_model",
@@ -41,6 +40,7 @@ __all__ = [
     "split_reward_examples",
     "take_first",
     "text_column",
+    "this_process_share",
     "tied_model_type",
     "tied_model_types",
     "tokenize_and_group",

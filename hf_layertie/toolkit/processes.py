@@ -4,7 +4,7 @@ what the evaluations shared out between processes need."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from accelerate import PartialState
@@ -30,11 +30,15 @@ def process_group_ended() -> Iterator[None]:
         PartialState().destroy_process_group()
 
 
-def check_unsharded(model: nn.Module, function: str) -> None:
-    """Refuse an FSDP2-sharded model to an evaluation that each process runs on its own batches: FSDP's forward is
-    collective, and processes running different numbers of forwards would wait on each other for ever."""
+def this_process_share(model: nn.Module, items: Sequence, function: str) -> Sequence:
+    """The `items` (batches) this process scores in an evaluation shared out between processes: every
+    num_processes-th, from its rank on, so that long and short batches spread alike; all of them on one process.
+    An FSDP2-sharded model is refused: its forward is collective, and processes running different numbers of
+    forwards would wait on each other for ever."""
     if is_fsdp_sharded(model):
         raise ValueError(
             f"{function} scores an unsharded model (each process scores its own batches); pass "
             "hf_layertie.gather_tied_model(model) instead of the FSDP2-sharded one"
         )
+    state = PartialState()
+    return items[state.process_index :: state.num_processes]

@@ -81,8 +81,8 @@ try:
     sharded.retie([0, 0, 0, 0])
 except RuntimeError as error:
     results["retie_error"] = str(error)
-try:  # checked before any data is read
-    evaluate_multihop(sharded, None, batch_size=1)
+try:  # checked before any batch is scored
+    evaluate_multihop(sharded, [], batch_size=1)
 except ValueError as error:
     results["evaluation_error"] = str(error)
 
