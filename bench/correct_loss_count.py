@@ -30,10 +30,16 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import sys
 from pathlib import Path
 
-FIX_COMMIT = "41678c9"
 REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench.settings import folder_settings  # noqa: E402
+
+FIX_COMMIT = "41678c9"
 LOSS_FIELDS = ("validation_loss", "test_loss", "final_test_loss", "test_loss_at_best_validation", "teacher_test_loss")
 CURVE_FIELDS = ("validation_loss", "test_loss")
 CORRECTION_FIELD = "loss_count_correction"
@@ -44,7 +50,7 @@ def correct_folder(
 ) -> tuple[int, int]:
     """Correct every record under `folder` made before commit `fixed_in` (of `repository`'s history); returns
     (records changed, records left alone). A second call changes nothing."""
-    settings = _settings(folder)
+    settings = folder_settings(folder) if (folder / "settings.json").is_file() else {}  # a probe's folder may have none
     if "task" in settings:
         raise ValueError(f"{folder} holds runs of {settings['task']}, whose rows start with ignored labels: nothing to correct")
     block_size = block_size or settings.get("block_size")
@@ -60,11 +66,6 @@ def correct_folder(
         path.write_text(json.dumps(_corrected(record, block_size, fixed_in), indent=2) + "\n")
         changed += 1
     return changed, unchanged
-
-
-def _settings(folder: Path) -> dict:
-    path = folder / "settings.json"
-    return json.loads(json.loads(path.read_text())["fingerprint"]) if path.is_file() else {}
 
 
 def _needs_correction(record: dict, fixed_in: str, repository: Path) -> bool:

@@ -90,11 +90,10 @@ class TyingConfigMixin:
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
         loaded = super().from_dict(config_dict, **kwargs)
-        if "tying_map" in kwargs:  # a checkpoint loaded with another map: remember the one its weights have
+        if "tying_map" in kwargs:  # a checkpoint loaded with another map
             config = loaded[0] if kwargs.get("return_unused_kwargs") else loaded
-            config._saved_tying_map = cls._map_saved_in(config_dict, config.num_hidden_layers)
-            if "tie_init" not in kwargs:  # how this load groups, not how the checkpoint's own load did
-                config.tie_init = "root"
+            saved = cls._map_saved_in(config_dict, config.num_hidden_layers)
+            config._regroup_from(saved, tie_init_asked="tie_init" in kwargs)
         return loaded
 
     def for_checkpoint(self, checkpoint, **download_kwargs):
@@ -112,10 +111,16 @@ class TyingConfigMixin:
         if saved == self.tying:
             return self
         config = copy.deepcopy(self)
-        config._saved_tying_map = saved
-        if config.tie_init == saved_dict.get("tie_init", "root"):
-            config.tie_init = "root"
+        config._regroup_from(saved, tie_init_asked=self.tie_init != saved_dict.get("tie_init", "root"))
         return config
+
+    def _regroup_from(self, saved: TyingMap, tie_init_asked: bool) -> None:
+        """Prepare this config to load a checkpoint whose weights were saved with the map `saved`: the model built
+        on it groups them (`_saved_tying_map`), from each group's root unless this load asked for a `tie_init` (a
+        value kept in the checkpoint's config.json said how that checkpoint's own load grouped, not this one)."""
+        self._saved_tying_map = saved
+        if not tie_init_asked:
+            self.tie_init = "root"
 
     @classmethod
     def _map_saved_in(cls, config_dict: dict, num_layers: int) -> TyingMap:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from transformers.utils.hub import DownloadKwargs
 
 from ._compat import children, declare_tied_weights, declared_tied_weights, is_fsdp_sharded, own_parameters
 from .adapter_export import AdapterExportMixin, is_adapter_layer
@@ -35,9 +36,8 @@ from .lean_construction import distinct_blocks_only
 from .tying_map import TyingMap
 
 
-# `from_pretrained`'s arguments that say where and how to read a checkpoint's files: the `download_kwargs` that
-# transformers' `PreTrainedModel.from_pretrained` passes to its config's `from_pretrained`.
-_DOWNLOAD_KWARGS = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision", "subfolder")
+# `from_pretrained`'s arguments that say where and how to read a checkpoint's files, as transformers lists them.
+_DOWNLOAD_KWARGS = tuple(DownloadKwargs.__annotations__)
 
 
 @dataclass
