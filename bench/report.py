@@ -374,6 +374,7 @@ def write_report(settings: BenchSettings, output: Path, tuning: dict | None = No
     _plot_quality(summary["rows"], baselines["bigram_test_loss"], report_dir / "quality_vs_distinct.png", by_positions=settings.partial_loops)
     if settings.task is not None:
         _plot_accuracy(summary["rows"], report_dir / "accuracy_by_hops.png")
+        _plot_accuracy_by_seed(summary["rows"], table, report_dir / "accuracy_by_seed.png")
     if memory:
         _plot_memory(memory, report_dir / "memory_vs_depth.png")
     if settings.eval_interval:
@@ -791,10 +792,39 @@ def _plot_accuracy(rows: dict[str, dict], path: Path) -> None:
             capsize=3, marker="os^vDP*Xph"[index % 10], color=plt.get_cmap("tab20")(index % 20), label=label,
         )  # fmt: skip
     axes.set_xticks(hops)
+    axes.set_ylim(-0.02, 1.02)  # an interval of few seeds reaching past what accuracy can be runs off the axes
     axes.set_xlabel("hops")
     axes.set_ylabel("test accuracy, mean ± 95% interval")
     axes.set_title("Accuracy per hop count (higher is better)")
     axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _plot_accuracy_by_seed(rows: dict[str, dict], table: dict[str, dict[int, dict]], path: Path) -> None:
+    """Each seed's mean test accuracy over hop counts, a dot per seed (one colour per seed, across strategies), and
+    each strategy's mean as a bar: where some seeds train and others sink, a mean and its interval hide the risk a
+    user takes on one run, and which seeds sink together."""
+    shown = [label for label, row in rows.items() if row["accuracy"] and row["same_runs_as"] is None]
+    if not shown:  # no study run has finished yet
+        return
+    seeds = sorted({seed for label in shown for seed in table[label]})
+    figure, axes = plt.subplots(figsize=(8, 1.5 + 0.45 * len(shown)))
+    for index, seed in enumerate(seeds):
+        offset = 0.5 * (index / max(len(seeds) - 1, 1) - 0.5)  # each seed at its own height within a row
+        points = [(table[label][seed]["mean_accuracy"], row + offset) for row, label in enumerate(shown) if seed in table[label]]
+        axes.scatter(*zip(*points), s=16, color=plt.get_cmap("tab10")(index % 10), label=f"seed {seed}", zorder=3)
+    for row, label in enumerate(shown):
+        mean = rows[label]["accuracy"]["mean_accuracy"][0]
+        axes.plot([mean, mean], [row - 0.35, row + 0.35], color="black", linewidth=2)
+    axes.set_yticks(range(len(shown)), shown)
+    axes.invert_yaxis()
+    axes.set_xlim(-0.02, 1.02)
+    axes.set_xlabel("test accuracy, mean over hop counts (bar: mean over seeds)")
+    axes.set_title("Accuracy of every seed (higher is better)")
+    axes.grid(axis="x", alpha=0.3)
+    axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

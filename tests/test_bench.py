@@ -364,7 +364,8 @@ def test_a_study_on_a_task_reports_accuracy_per_hop_count_for_every_strategy(tmp
     table = (tmp_path / "results.md").read_text()
     assert "| strategy | 1 hops | 2 hops | mean |" in table and "Count bigram" not in table
     assert "- dlt vs untied U: one seed: no interval yet" in table and "; accuracy: one seed: no interval yet" in table
-    assert matplotlib.image.imread(tmp_path / "accuracy_by_hops.png").shape[0] > 100
+    for picture in ("accuracy_by_hops.png", "accuracy_by_seed.png"):
+        assert matplotlib.image.imread(tmp_path / picture).shape[0] > 100, picture
 
 
 def test_the_fresh_seed_preset_runs_the_recipe_rows_with_dlt_and_random_under_the_frozen_choice_only(tmp_path, monkeypatch):
