@@ -74,6 +74,8 @@ def test_run_clm_under_accelerate_launch_on_two_processes(tmp_path):
     assert (tmp_path / "out" / "model.safetensors").is_file() and (tmp_path / "out" / "README.md").is_file()
     history = (tmp_path / "out" / "tying_history.jsonl").read_text().splitlines()
     assert len(history) == 3  # written once (rank 0), one line per decision
+    results = json.loads((tmp_path / "out" / "all_results.json").read_text())
+    assert results["eval_bigram_loss"] > 0  # the count baseline, counted by the reporting process
 
 
 def test_a_run_resumed_on_two_ranks_rewards_its_pending_decision_as_the_uninterrupted_run(tmp_path):

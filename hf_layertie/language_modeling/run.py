@@ -220,7 +220,9 @@ def _train_and_evaluate(
         if hop_task:
             scores = evaluate_multihop(trainer.model, eval_dataset, training_args.per_device_eval_batch_size)
             eval_metrics.update(multihop_metrics(scores))
-        elif not data_args.streaming:  # the baseline counts a training split, which a stream does not hold
+        elif not data_args.streaming and trainer.is_world_process_zero():
+            # Counted by the process that reports it (save_metrics, the card, the printout): every process would hold
+            # the whole training split's tokens again. A stream does not hold a training split to count.
             counted = train_dataset if train_dataset is not None else grouped.get("train")
             eval_metrics.update(_baseline(task, tokenizer, counted, eval_dataset))
         trainer.log_metrics("eval", eval_metrics)
