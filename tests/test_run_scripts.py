@@ -173,6 +173,22 @@ def test_a_finished_run_run_again_with_do_eval_evaluates_its_model_training_no_s
     assert (tmp_path / "model.safetensors").read_bytes() == weights
 
 
+def test_an_evaluation_into_a_trained_run_s_own_folder_keeps_its_training_card(tmp_path, text_files, caplog):
+    run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2, "--do_eval", "false"))
+    card = (tmp_path / "README.md").read_text()
+    evaluation = [
+        "--model_name_or_path", str(tmp_path), "--output_dir", str(tmp_path), "--do_eval", "--block_size", "32",
+        "--train_file", str(text_files / "train.txt"), "--validation_file", str(text_files / "validation.txt"),
+        "--max_eval_samples", "8", "--report_to", "none", "--disable_tqdm", "true",
+    ]  # fmt: skip
+    with caplog.at_level("WARNING"):
+        metrics = run(CAUSAL_LM, evaluation)
+    assert "holds a trained run: its model card is kept" in caplog.text
+    assert (tmp_path / "README.md").read_text() == card and "learning_rate" in card
+    saved = json.loads((tmp_path / "all_results.json").read_text())
+    assert saved["eval_loss"] == metrics["eval_loss"] and "train_runtime" in saved  # both runs' results
+
+
 def test_the_count_baseline_counts_the_training_blocks_kept_and_scores_those_evaluated(tmp_path, text_files):
     """Beside a model trained on the first --max_train_samples blocks and evaluated on --max_eval_samples, the bigram
     is counted on the blocks kept for training and scored on those evaluated, not on the whole splits."""

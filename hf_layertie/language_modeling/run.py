@@ -134,7 +134,9 @@ def check_streaming_arguments(data_args: DataTrainingArguments, training_args: T
 
 
 def run(task: LanguageModelingTask, argv: list[str] | None = None) -> dict[str, float]:
-    """Train and/or evaluate; returns the metrics (also written to `output_dir/all_results.json`)."""
+    """Train and/or evaluate; returns the metrics, also written as transformers' examples write them:
+    `train_results.json`, `eval_results.json`, and both merged into `all_results.json` (an evaluation of a trained
+    folder into that folder keeps its training metrics there)."""
     with process_group_ended():
         return _train_and_evaluate(task, *parse_arguments(task, argv))
 
@@ -208,11 +210,13 @@ def _train_and_evaluate(
         resume = output_dir if complete else checkpoint_to_resume(output_dir, training_args.resume_from_checkpoint)
         train_result = trainer.train(resume_from_checkpoint=resume)
         trainer.save_model()
-        metrics.update(train_result.metrics)
+        train_metrics = dict(train_result.metrics)
         if not data_args.streaming:  # a stream's length is unknown
-            metrics["train_samples"] = len(train_dataset)
-        trainer.log_metrics("train", train_result.metrics)
+            train_metrics["train_samples"] = len(train_dataset)
+        trainer.log_metrics("train", train_metrics)
+        trainer.save_metrics("train", train_metrics)
         trainer.save_state()
+        metrics.update(train_metrics)
     if training_args.do_eval:
         eval_metrics = trainer.evaluate()
         eval_metrics["eval_samples"] = len(eval_dataset)
@@ -226,8 +230,8 @@ def _train_and_evaluate(
             counted = train_dataset if train_dataset is not None else grouped.get("train")
             eval_metrics.update(_baseline(task, tokenizer, counted, eval_dataset))
         trainer.log_metrics("eval", eval_metrics)
+        trainer.save_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
-    trainer.save_metrics("all", metrics)
     trainer.create_model_card()  # the card takes eval_loss and perplexity from the last evaluation
     if training_args.push_to_hub:
         trainer.push_to_hub()
