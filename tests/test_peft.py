@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import GPT2, TINY_GPT2, every_kind
 from peft import LoraConfig, get_peft_model
+from transformers import TrainerCallback
 
 INPUT_IDS = torch.randint(1, TINY_GPT2["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(0))
 
@@ -103,3 +104,38 @@ def test_a_tying_strategy_on_a_peft_model_says_that_peft_models_are_not_supporte
     with pytest.raises(ValueError, match=r"tying_strategy='dlt' does not support PEFT-wrapped models \(PeftModel.* around a TiedGPT2LMHeadModel\).*with tying_strategy='none'"):
         TyingTrainer(model=peft_model, args=args)
     TyingTrainer(model=peft_model, args=args.without_tying())  # adapters on the fixed map train as usual
+
+
+class StepsTrained(TrainerCallback):
+    def __init__(self):
+        self.steps = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)
+
+
+def test_adapters_trained_on_a_fixed_map_resume_from_their_last_checkpoint(tmp_path):
+    """A PEFT model's checkpoint holds its adapters (no config.json or model weights): it counts as complete, and
+    training continues from it."""
+    from datasets import Dataset
+
+    from hf_layertie import TyingTrainer, TyingTrainingArguments
+    from hf_layertie.toolkit import missing_checkpoint_files
+
+    rows = torch.randint(1, TINY_GPT2["vocab_size"], (32, 12), generator=torch.Generator().manual_seed(1))
+    data = Dataset.from_dict({"input_ids": rows.tolist(), "labels": rows.tolist()})
+
+    def trainer(max_steps: int) -> TyingTrainer:
+        model = add_adapters(GPT2.tied_model([0, 0, 2, 2]), lora(), warns="PEFT adapters were added")
+        args = TyingTrainingArguments(
+            output_dir=str(tmp_path), tying_strategy="none", max_steps=max_steps, save_steps=2, per_device_train_batch_size=4,
+            use_cpu=True, report_to=[], disable_tqdm=True,
+        )  # fmt: skip
+        return TyingTrainer(model=model, args=args, train_dataset=data)
+
+    trainer(4).train()
+    assert missing_checkpoint_files(tmp_path / "checkpoint-4") == []
+    resumed, trained = trainer(6), StepsTrained()
+    resumed.add_callback(trained)
+    resumed.train(resume_from_checkpoint=True)
+    assert trained.steps == [5, 6]  # continued from step 4, not restarted

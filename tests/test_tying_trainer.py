@@ -49,7 +49,7 @@ def tying_args(output_dir, **overrides):
     return TyingTrainingArguments(**{**settings, **overrides})
 
 
-def make_trainer(output_dir, model=None, callbacks=(), **overrides):
+def make_trainer(output_dir, model=None, callbacks=(), model_card_kwargs=None, **overrides):
     data = token_dataset()
     return TyingTrainer(
         model=model if model is not None else tiny_model(),
@@ -57,6 +57,7 @@ def make_trainer(output_dir, model=None, callbacks=(), **overrides):
         train_dataset=data,
         eval_dataset=data.select(range(8)),
         callbacks=list(callbacks),
+        model_card_kwargs=model_card_kwargs,
     )
 
 
@@ -285,6 +286,17 @@ def test_a_held_out_reward_is_evaluated_in_micro_batch_chunks(tmp_path):
     assert max(sizes) == 4  # per_device_train_batch_size: the reward never runs a larger batch
     rewards = [record["reward"] for record in trainer.tying_records]
     assert all(isinstance(reward, float) for reward in rewards)
+
+
+def test_the_held_out_reward_and_the_paper_agent_reseed_no_accelerator_generator(tmp_path, monkeypatch):
+    """Both seed a forked CPU generator; torch.manual_seed would also reseed every GPU's, which the fork does not
+    restore, so a GPU run's dropout would change at the first reward, and differ after a resumption."""
+    reseeded = []
+    reseed = torch.cuda.manual_seed_all
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: (reseeded.append(seed), reseed(seed)))
+    trainer = make_trainer(tmp_path, reward_source="held_out", reward_batch_size=10, max_steps=6, dlt_variant="paper", agent_seed=7)
+    trainer.train()
+    assert len(trainer.tying_records) == 3 and set(reseeded) == {trainer.args.seed}  # the Trainer's own set_seed only
 
 
 def test_decisions_are_logged_to_log_history_jsonl_and_a_plot(tmp_path):
@@ -589,6 +601,22 @@ def test_a_held_out_reward_without_held_out_data_is_rejected(tmp_path):
         TyingTrainer(model=tiny_model(), args=tying_args(tmp_path, reward_source="held_out"), train_dataset=token_dataset())
 
 
+def test_reward_data_that_would_be_ignored_or_has_no_length_is_refused_naming_it(tmp_path):
+    data = token_dataset()
+    with pytest.raises(ValueError, match="reward_dataset is read only with reward_source='held_out', and this run's is 'train'"):
+        TyingTrainer(model=tiny_model(), args=tying_args(tmp_path), train_dataset=data, reward_dataset=data)
+    with pytest.raises(ValueError, match="reward_dataset \\(or eval_dataset\\) is a stream: .*split_reward_examples"):
+        TyingTrainer(
+            model=tiny_model(), args=tying_args(tmp_path, reward_source="held_out"), train_dataset=data,
+            reward_dataset=data.to_iterable_dataset(),
+        )  # fmt: skip
+
+
+def test_model_card_settings_the_card_cannot_take_are_refused_before_training(tmp_path):
+    with pytest.raises(ValueError, match="model_card_kwargs: dataset, model_name cannot be set; the card takes dataset_names, base_model"):
+        make_trainer(tmp_path, model_card_kwargs={"dataset": "wikitext", "model_name": "mine"})
+
+
 def test_decisions_reach_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -789,6 +817,10 @@ def test_with_the_best_model_loaded_at_the_end_the_last_reward_and_a_finish_from
     loaded.train()
     assert loaded.state.best_model_checkpoint != str(tmp_path / "loaded" / "checkpoint-6")
     assert loaded.tying_records == plain.tying_records
+    loaded.save_model()  # its card gives the loss of the model saved (the best), not the last evaluation's
+    losses = {entry["step"]: entry["eval_loss"] for entry in loaded.state.log_history if "eval_loss" in entry}
+    assert round(losses[loaded.state.best_global_step], 4) != round(losses[6], 4)
+    assert f"| evaluation set | eval_loss | {round(losses[loaded.state.best_global_step], 4)} |" in (tmp_path / "loaded" / "README.md").read_text()
 
     finished = make_trainer(tmp_path / "loaded", model=tiny_model(seed=3), **settings, **best)
     finished.train(resume_from_checkpoint=str(tmp_path / "loaded" / "checkpoint-6"))

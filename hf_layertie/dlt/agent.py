@@ -189,8 +189,8 @@ class PaperAgent(TyingAgent):
 
     def __init__(self, num_blocks: int, config: AgentConfig | None = None):
         super().__init__(num_blocks, config)
-        with torch.random.fork_rng(devices=[]):  # nn.Linear draws its initialisation from the global RNG
-            torch.manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
+        with torch.random.fork_rng(devices=[]):  # nn.Linear draws its initialisation from the global CPU RNG
+            torch.default_generator.manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
             self.q_network = PaperQNetwork(num_blocks, self.config.q_hidden_size)
         self.optimizer = torch.optim.AdamW(
             self.q_network.parameters(), lr=self.config.q_learning_rate, weight_decay=self.config.q_weight_decay

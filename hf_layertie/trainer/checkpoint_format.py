@@ -26,7 +26,15 @@ from pathlib import Path
 import torch
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from transformers.utils import (
+    ADAPTER_CONFIG_NAME,
+    ADAPTER_SAFE_WEIGHTS_NAME,
+    ADAPTER_WEIGHTS_NAME,
+    CONFIG_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    WEIGHTS_NAME,
+)
 
 from ..checks import reworded
 from ..models.tying_map import TyingMap
@@ -36,8 +44,9 @@ logger = logging.getLogger(__name__)
 TYING_STATE_NAME = "tying_state.pt"
 # What `TyingTrainer` writes into `tying_state.pt`.
 TYING_STATE_KEYS = frozenset({"tying_strategy", "settings", "decisions"})
-# Any of these holds a checkpoint's weights.
+# Any of these holds a checkpoint's weights; a PEFT model's checkpoint holds only its adapters, beside their config.
 WEIGHTS_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME)
+ADAPTER_WEIGHTS_FILES = (ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME)
 _CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
 
@@ -117,9 +126,11 @@ def missing_checkpoint_files(checkpoint: str | Path) -> list[str]:
     difference, rather than skipped.
     """
     checkpoint = Path(checkpoint)
-    missing = [name for name in (CONFIG_NAME, TRAINER_STATE_NAME) if not (checkpoint / name).is_file()]
-    if not any((checkpoint / name).is_file() for name in WEIGHTS_FILES):
-        missing.append(" or ".join(WEIGHTS_FILES))
+    # A PEFT model (adapters trained on a fixed map, with tying_strategy="none") saves its adapters and their config.
+    config, weights = (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_FILES) if (checkpoint / ADAPTER_CONFIG_NAME).is_file() else (CONFIG_NAME, WEIGHTS_FILES)
+    missing = [name for name in (config, TRAINER_STATE_NAME) if not (checkpoint / name).is_file()]
+    if not any((checkpoint / name).is_file() for name in weights):
+        missing.append(" or ".join(weights))
     if not (checkpoint / TYING_STATE_NAME).is_file():
         missing.append(TYING_STATE_NAME)
     return missing

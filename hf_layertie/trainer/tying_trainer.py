@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import math
 import functools
+import inspect
 import os
 import time
 from contextlib import contextmanager
@@ -41,7 +42,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotat
 from ..block_similarity import block_angular_distances
 from ..checks import perplexity
 from ..decisions import Decision, Observation, TyingDecisions
-from ..model_card import write_model_card
+from ..model_card import build_model_card, write_model_card
 from ..models._compat import (
     carries_integrated_adapters,
     check_trainer_private_api,
@@ -126,11 +127,12 @@ class TyingTrainer(Trainer):
             raise TypeError(f"TyingTrainer needs args of type TyingTrainingArguments, got {type(args).__name__}")
         _refuse_engine(model, "FSDP", bool(args.fsdp))
         _refuse_model_init(args, kwargs.get("model_init"))
+        _refuse_unread_reward_dataset(args, reward_dataset)
         _report_to_installed_tensorboard_only(args)
         super().__init__(model=model, args=args, **kwargs)
         _refuse_engine(self.model, "FSDP", self.is_fsdp_enabled)  # accelerate's plugin (`accelerate launch --use_fsdp`)
         _refuse_engine(self.model, "DeepSpeed", self.is_deepspeed_enabled)
-        self.model_card_kwargs = dict(model_card_kwargs or {})
+        self.model_card_kwargs = _checked_card_kwargs(model_card_kwargs)
         self.tying_seconds = dict.fromkeys(OVERHEAD_PARTS, 0.0)
         self.history = TyingHistory(args.output_dir)
         self._non_finite_loss = NonFiniteLossGuard()
@@ -224,6 +226,12 @@ class TyingTrainer(Trainer):
         dataset = reward_dataset if reward_dataset is not None else self.eval_dataset
         if isinstance(dataset, dict):
             raise ValueError("reward_dataset: several eval datasets were given; pass the held-out reward data explicitly")
+        if dataset is not None and not hasattr(dataset, "__len__"):
+            raise ValueError(
+                "reward_source='held_out' takes its fixed reward batch from a dataset with a length, and reward_dataset "
+                "(or eval_dataset) is a stream: read its first reward_batch_size examples into memory first "
+                "(hf_layertie.toolkit.split_reward_examples does, and skips them in the stream)"
+            )
         if dataset is None or len(dataset) == 0:
             raise ValueError(
                 "reward_source='held_out' needs held-out data for the reward: pass reward_dataset= (or eval_dataset=), "
@@ -379,9 +387,11 @@ class TyingTrainer(Trainer):
         if self._reward_batches is None:
             examples = list(self._reward_examples)
             size = self.args.per_device_train_batch_size
-            # Collate once under a forked RNG: masking collators draw random numbers, and the global RNG must not move.
+            # Collate once under a forked CPU RNG: masking collators draw random numbers, and the global RNG must not
+            # move. Only the CPU generator is seeded (torch.manual_seed would reseed the accelerators' too, which the
+            # fork does not restore: dropout on a GPU would differ between a run and its resumption).
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(self.args.agent_seed)
+                torch.default_generator.manual_seed(self.args.agent_seed)
                 self._reward_batches = [
                     (self.data_collator(examples[start : start + size]), len(examples[start : start + size]))
                     for start in range(0, len(examples), size)
@@ -645,7 +655,11 @@ class TyingTrainer(Trainer):
         )
 
     def _last_eval_metrics(self) -> dict:
+        """The loss of the model the card describes: the last evaluation's, or, with the best model loaded at the
+        end, the evaluation that chose it (the last one scored the final step's weights, which were not saved)."""
         evaluations = [entry for entry in self.state.log_history if "eval_loss" in entry]
+        if self.args.load_best_model_at_end and self.state.best_global_step:
+            evaluations = [entry for entry in evaluations if entry["step"] <= self.state.best_global_step] or evaluations
         if not evaluations:
             return {}
         loss = evaluations[-1]["eval_loss"]
@@ -755,6 +769,28 @@ def _refuse_engine(model, engine: str, enabled: bool) -> None:
             "processes with DDP (accelerate launch --multi_gpu), or shard the model yourself with "
             "hf_layertie.shard_tied_model and re-tie it with retie_sharded under torchrun (docs/multi-process.md)"
         )
+
+
+def _refuse_unread_reward_dataset(args: TyingTrainingArguments, reward_dataset) -> None:
+    if reward_dataset is not None and args.reward_source != "held_out":
+        raise ValueError(
+            f"reward_dataset is read only with reward_source='held_out', and this run's is {args.reward_source!r}: "
+            f"pass reward_source='held_out' to reward decisions on it, or leave reward_dataset out"
+        )
+
+
+# What `write_model_card` takes that the trainer fills in itself; `model_card_kwargs` may set the rest.
+_CARD_KWARGS_FILLED = frozenset({"model", "training_args", "eval_results", "tying_plot", "model_name", "evaluated_only"})
+
+
+def _checked_card_kwargs(model_card_kwargs: dict | None) -> dict:
+    """`model_card_kwargs`, refused at once if the card cannot take them (the card is written when training ends)."""
+    model_card_kwargs = dict(model_card_kwargs or {})
+    settable = [name for name in inspect.signature(build_model_card).parameters if name not in _CARD_KWARGS_FILLED]
+    unknown = sorted(set(model_card_kwargs) - set(settable))
+    if unknown:
+        raise ValueError(f"model_card_kwargs: {', '.join(unknown)} cannot be set; the card takes {', '.join(settable)} (the trainer fills in the rest)")
+    return model_card_kwargs
 
 
 def _refuse_model_init(args: TyingTrainingArguments, model_init) -> None:
