@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 
-def plot_tying_history(records: list[dict], path: str | Path, final_step: int | None = None) -> Path:
+def plot_tying_history(records: list[dict], path: str | Path, final_step: int | None = None, saved_step: int | None = None) -> Path:
     """Draw blocks (rows) x training steps (columns), each cell coloured by the block whose weights it used.
 
     Args:
@@ -15,6 +15,8 @@ def plot_tying_history(records: list[dict], path: str | Path, final_step: int | 
             (list of source blocks). The map of a record holds until the next record's step.
         path: the PNG to write.
         final_step: the last step of training, so the last map gets its width (defaults to the last record's step + 1).
+        saved_step: the step whose weights and map were saved, where it is not the last (the best checkpoint,
+            loaded at the end): marked by a line, since the map drawn after it is not the saved model's.
 
     A second panel shows the number of distinct (trainable) blocks, the memory that tying saves.
     """
@@ -45,6 +47,10 @@ def plot_tying_history(records: list[dict], path: str | Path, final_step: int | 
     count_axis.set_ylim(0, num_blocks + 0.5)
     count_axis.set_ylabel("distinct")
     count_axis.set_xlabel("optimizer step")
+    if saved_step is not None and saved_step < end:
+        for axis in (map_axis, count_axis):
+            axis.axvline(saved_step, color="black", linestyle="--", linewidth=1.5)
+        map_axis.set_title(f"{map_axis.get_title()}; dashed: step {saved_step}, the saved model's")
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -635,7 +635,9 @@ class TyingTrainer(Trainer):
     def _write_plot_and_card(self, output_dir: Path, model_name: str | None = None, eval_results: dict | None = None):
         plot = None
         if self._draws_plot and self.tying_records:
-            plot = plot_tying_history(self.tying_records, output_dir / TYING_PLOT_NAME, final_step=self.state.global_step)
+            plot = plot_tying_history(
+                self.tying_records, output_dir / TYING_PLOT_NAME, final_step=self.state.global_step, saved_step=self._best_step_loaded()
+            )
         evaluated_only = self.state.global_step == 0  # a run that scored the model and trained nothing
         if evaluated_only and _trained_run_in(output_dir):
             logger.warning(
@@ -654,12 +656,17 @@ class TyingTrainer(Trainer):
             **self.model_card_kwargs,
         )
 
+    def _best_step_loaded(self) -> int | None:
+        """The step of the weights a final save holds when the best model was loaded at the end (None otherwise)."""
+        return self.state.best_global_step if self.args.load_best_model_at_end and self.state.best_global_step else None
+
     def _last_eval_metrics(self) -> dict:
         """The loss of the model the card describes: the last evaluation's, or, with the best model loaded at the
         end, the evaluation that chose it (the last one scored the final step's weights, which were not saved)."""
         evaluations = [entry for entry in self.state.log_history if "eval_loss" in entry]
-        if self.args.load_best_model_at_end and self.state.best_global_step:
-            evaluations = [entry for entry in evaluations if entry["step"] <= self.state.best_global_step] or evaluations
+        best = self._best_step_loaded()
+        if best is not None:
+            evaluations = [entry for entry in evaluations if entry["step"] <= best] or evaluations
         if not evaluations:
             return {}
         loss = evaluations[-1]["eval_loss"]
