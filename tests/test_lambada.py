@@ -347,3 +347,18 @@ def test_causal_lm_examples_train_through_the_standard_collator(memorising_model
     with torch.no_grad():
         loss = memorising_model(**batch).loss
     assert torch.isfinite(loss) and loss.item() > 0
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--do_eval", "--block_size", "64"], "--block_size is read only with --do_train, which this run does not pass"),
+        (["--do_eval", "--eval_fraction", "0.2"], "--eval_fraction is read only with --do_train"),
+        (["--do_train", "--do_eval", "false", "--max_eval_passages", "5"], "--max_eval_passages is read only with --do_eval"),
+    ],
+)
+def test_run_lambada_refuses_a_setting_its_run_would_not_read(tmp_path, flags, message):
+    from hf_layertie.lambada.run import run_lambada
+
+    with pytest.raises(ValueError, match=message):
+        run_lambada(["--model_name_or_path", "someone/never-loaded", "--output_dir", str(tmp_path), *flags])

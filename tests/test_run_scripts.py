@@ -173,6 +173,27 @@ def test_a_finished_run_run_again_with_do_eval_evaluates_its_model_training_no_s
     assert (tmp_path / "model.safetensors").read_bytes() == weights
 
 
+def test_more_steps_for_a_run_without_checkpoints_are_refused_leaving_it_untouched(tmp_path, text_files):
+    """Its optimizer state is in checkpoints only: training would start again from scratch over its model."""
+    run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2, "--save_strategy", "no", "--do_eval", "false"))
+    files = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    longer = tiny_flags(tmp_path, text_files, TINY_GPT2, "--save_strategy", "no", "--do_eval", "false", "--max_steps", "8")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(tmp_path))} holds a run trained to step 6, and no checkpoint-N to continue it from"):
+        run(CAUSAL_LM, longer)
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == files
+
+
+def test_training_a_run_further_drops_the_evaluation_of_its_earlier_model(tmp_path, text_files, caplog):
+    run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2, "--save_steps", "2"))
+    assert "eval_loss" in json.loads((tmp_path / "all_results.json").read_text())
+    run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2, "--save_steps", "2", "--max_steps", "8", "--do_eval", "false"))
+    assert not (tmp_path / "eval_results.json").exists()
+    assert not any(key.startswith("eval_") for key in json.loads((tmp_path / "all_results.json").read_text()))
+    with caplog.at_level("WARNING"):  # asked again with --do_eval, the step-8 model is evaluated, not step 6's reported
+        metrics = run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2, "--save_steps", "2", "--max_steps", "8"))
+    assert "finished at step 8 without an evaluation (--do_eval): producing them" in caplog.text and "eval_loss" in metrics
+
+
 def test_an_evaluation_into_a_trained_run_s_own_folder_keeps_its_training_card(tmp_path, text_files, caplog):
     run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2, "--do_eval", "false"))
     card = (tmp_path / "README.md").read_text()

@@ -83,11 +83,48 @@ def test_resuming_an_untie_own_run_from_another_model_is_refused_naming_both(tmp
 
 
 @pytest.mark.parametrize("task", ["multihop", "hop_induction"])
-@pytest.mark.parametrize("flag", ["--block_size", "--train_file", "--validation_file"])
+@pytest.mark.parametrize("flag", ["--block_size", "--train_file", "--validation_file", "--validation_split_percentage", "--keep_linebreaks"])
 def test_text_only_flags_are_refused_with_a_generated_task(tmp_path, text_files, generation_forbidden, task, flag):
-    value = "32" if flag == "--block_size" else str(text_files / "train.txt")
+    value = {"--block_size": "32", "--validation_split_percentage": "50", "--keep_linebreaks": "false"}.get(flag, str(text_files / "train.txt"))
     with pytest.raises(ValueError, match=rf"--dataset_name {task} generates its examples.* reads no {flag}\. Leave it unset"):
         run(CAUSAL_LM, tiny_task_flags(tmp_path, task, "", flag, value))
+
+
+def test_a_tokenizer_is_refused_with_a_generated_task(tmp_path, generation_forbidden):
+    with pytest.raises(ValueError, match=r"--dataset_name hop_induction generates its examples with its own word-level tokenizer: it reads no --tokenizer_name \(gpt2\)"):
+        run(CAUSAL_LM, tiny_task_flags(tmp_path, "hop_induction", "", "--tokenizer_name", "gpt2"))
+
+
+def test_a_dataset_and_files_together_are_refused_naming_both(tmp_path, text_files):
+    validation = str(text_files / "validation.txt")
+    with pytest.raises(ValueError, match=rf"--dataset_name wikitext and --validation_file {re.escape(validation)} both name the data"):
+        parse_arguments(CAUSAL_LM, ["--dataset_name", "wikitext", "--validation_file", validation, "--output_dir", str(tmp_path), "--do_eval"])
+
+
+def test_an_evaluation_without_a_model_to_score_is_refused(tmp_path):
+    """It would score a model built from scratch, and write its numbers into the folder named."""
+    with pytest.raises(ValueError, match=rf"--do_eval without --do_train scores the model of --model_name_or_path, and none was given.*e\.g\. {re.escape(str(tmp_path))}"):
+        parse_arguments(CAUSAL_LM, ["--do_train", "false", "--do_eval", "--output_dir", str(tmp_path)])
+
+
+def test_streaming_with_several_loader_workers_is_refused(tmp_path):
+    """Each worker would count the stream's rows from 0: the validation rows it skips are not those evaluated."""
+    with pytest.raises(ValueError, match="--streaming with --dataloader_num_workers 2: each worker reads its own shards"):
+        parse_arguments(CAUSAL_LM, ["--streaming", "--max_steps", "4", "--max_eval_samples", "4", "--dataloader_num_workers", "2"])
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_a_settings_file_without_data_or_model_builds_on_the_embedded_default_as_flags_do(tmp_path, suffix):
+    settings = {"max_steps": 50, "output_dir": str(tmp_path / "out"), "do_train": True, "config_overrides": "n_layer=2"}
+    path = tmp_path / f"settings{suffix}"
+    path.write_text(json.dumps(settings))  # JSON is YAML too
+    from_file = parse_arguments(CAUSAL_LM, [str(path)])
+    from_flags = parse_arguments(CAUSAL_LM, ["--max_steps", "50", "--output_dir", str(tmp_path / "out"), "--do_train", "--config_overrides", "n_layer=2"])
+    assert from_file == from_flags
+    assert from_file[0].config_overrides == json.loads(CAUSAL_LM.default_arguments.read_text())["config_overrides"] + ",n_layer=2"
+    own = dict(settings, train_file="train.txt")
+    path.write_text(json.dumps(own))
+    assert parse_arguments(CAUSAL_LM, [str(path)])[0].config_overrides == "n_layer=2"  # one's own data: no default
 
 
 @pytest.mark.parametrize("task, config", [("multihop", "num_chains=2,num_chains=3"), ("hop_induction", "length=8,max_hops=2,length=9")])

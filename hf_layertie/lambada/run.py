@@ -11,6 +11,7 @@ Metrics (`eval_lambada_accuracy`, `eval_lambada_perplexity`, ...) go through the
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, set_seed
@@ -72,6 +73,7 @@ def _evaluate_and_fine_tune(
         raise ValueError("--model_name_or_path is required: the causal checkpoint to evaluate or fine-tune")
     if not (training_args.do_train or training_args.do_eval):
         raise ValueError("Nothing to do: pass --do_eval, --do_train or both")
+    _refuse_unread(lambada_args, training_args)
     set_up_logging(training_args.get_process_log_level())
     set_seed(training_args.seed)
 
@@ -118,6 +120,19 @@ def _evaluate_and_fine_tune(
     if training_args.push_to_hub:  # the model and the card with the scores (`push_to_hub` writes the card again)
         trainer.push_to_hub(**({"eval_results": {"lambada": scores}} if training_args.do_eval else {}))
     return metrics
+
+
+# The LAMBADA settings only fine-tuning or only evaluation reads.
+_READ_ONLY_BY = {"do_train": ("eval_fraction", "block_size"), "do_eval": ("max_eval_passages",)}
+
+
+def _refuse_unread(lambada_args: LambadaArguments, training_args: TyingTrainingArguments) -> None:
+    """Refuse a LAMBADA setting given away from its default where this run does not do what reads it."""
+    defaults = {field.name: field.default for field in dataclasses.fields(lambada_args)}
+    for stage, names in _READ_ONLY_BY.items():
+        given = [f"--{name}" for name in names if getattr(lambada_args, name) != defaults[name]]
+        if given and not getattr(training_args, stage):
+            raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} read only with --{stage}, which this run does not pass")
 
 
 def _fine_tune(model, tokenizer, passages, lambada_args, training_args, card) -> TyingTrainer:

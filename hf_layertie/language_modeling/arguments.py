@@ -74,6 +74,12 @@ class DataTrainingArguments:
                     f"--streaming reads text data as a stream; --dataset_name {self.dataset_name} is generated in memory: "
                     f"drop --streaming"
                 )
+        files = [f"--{name} {getattr(self, name)}" for name in ("train_file", "validation_file") if getattr(self, name) is not None]
+        if self.dataset_name is not None and files:
+            raise ValueError(
+                f"--dataset_name {self.dataset_name} and {' and '.join(files)} both name the data, and the dataset's "
+                f"splits would be read with the file{'s' if len(files) > 1 else ''} ignored: pass one or the other"
+            )
         for name in ("block_size", "max_train_samples", "max_eval_samples", "preprocessing_num_workers"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -5,6 +5,7 @@ position (`hf_layertie.data.hop_induction`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import datasets
@@ -29,7 +30,10 @@ HOP_TASKS = {
 }
 # Data arguments of text that a generated task has no use for: its examples, and their length, come from
 # `--dataset_config_name`.
-TEXT_ONLY_ARGUMENTS = ("train_file", "validation_file", "block_size", "text_column_name", "preprocessing_num_workers")
+TEXT_ONLY_ARGUMENTS = (
+    "train_file", "validation_file", "block_size", "text_column_name", "preprocessing_num_workers",
+    "validation_split_percentage", "keep_linebreaks",
+)  # fmt: skip
 _EXAMPLE_SETTINGS = {MULTIHOP: "num_chains=4,max_hops=6", "hop_induction": "length=64,max_hops=4"}
 
 
@@ -37,7 +41,8 @@ def check_hop_task_arguments(data_args: DataTrainingArguments) -> None:
     """Refuse the text-only data arguments (they would be ignored) and read the task's settings, so that both are
     reported before anything loads."""
     name = data_args.dataset_name
-    given = [f"--{argument}" for argument in TEXT_ONLY_ARGUMENTS if getattr(data_args, argument) is not None]
+    defaults = {field.name: field.default for field in dataclasses.fields(data_args)}
+    given = [f"--{argument}" for argument in TEXT_ONLY_ARGUMENTS if getattr(data_args, argument) != defaults[argument]]
     if given:
         raise ValueError(
             f"--dataset_name {name} generates its examples, and their length, from --dataset_config_name: it reads no "

@@ -89,6 +89,9 @@ CAUSAL_LM = LanguageModelingTask("clm", tied_model_types(AutoModelForCausalLM), 
 MASKED_LM = LanguageModelingTask("mlm", tied_model_types(AutoModelForMaskedLM), "shakespeare-wordpiece", True)
 # What a training run leaves in output_dir besides a complete checkpoint's files (the final model's).
 FINAL_OUTPUTS = ("all_results.json", "README.md")
+# The files that hold a folder's evaluation (`Trainer.save_metrics` merges each split's into all_results.json): a run
+# that trains the folder's model further starts them afresh.
+EVALUATION_RESULTS = ("eval_results.json", "all_results.json")
 ArgumentTuple = tuple[ModelArguments, DataTrainingArguments, TyingTrainingArguments]
 
 
@@ -100,7 +103,7 @@ def parse_arguments(task: LanguageModelingTask, argv: list[str] | None = None) -
         default_file=task.default_arguments,
         description=task.description,
     )
-    _, data_args, training_args = arguments
+    model_args, data_args, training_args = arguments
     if not task.masked and data_args.mlm_probability is not None:
         raise ValueError(
             f"--mlm_probability {data_args.mlm_probability}: run_{task.name}.py predicts each next token and masks "
@@ -108,6 +111,17 @@ def parse_arguments(task: LanguageModelingTask, argv: list[str] | None = None) -
         )
     if not (training_args.do_train or training_args.do_eval):
         raise ValueError("Nothing to do: pass --do_train, --do_eval or both (see --help)")
+    if not training_args.do_train and model_args.model_name_or_path is None:
+        raise ValueError(
+            "--do_eval without --do_train scores the model of --model_name_or_path, and none was given (a model built "
+            f"from scratch has learned nothing): pass --model_name_or_path, e.g. {training_args.output_dir} for the "
+            "model trained there"
+        )
+    if data_args.dataset_name in HOP_TASKS and model_args.tokenizer_name is not None:
+        raise ValueError(
+            f"--dataset_name {data_args.dataset_name} generates its examples with its own word-level tokenizer: it reads "
+            f"no --tokenizer_name ({model_args.tokenizer_name}); leave it unset"
+        )
     names_training_data = data_args.train_file is not None or data_args.dataset_name is not None
     if training_args.do_train and data_args.validation_file is not None and not names_training_data:
         raise ValueError(
@@ -126,10 +140,18 @@ def check_streaming_arguments(data_args: DataTrainingArguments, training_args: T
             "--streaming needs --max_steps to train: a stream has no length, so the Trainer cannot tell how many "
             "steps --num_train_epochs makes. Pass --max_steps N (or drop --streaming)"
         )
+    if training_args.dataloader_num_workers > 1:
+        raise ValueError(
+            f"--streaming with --dataloader_num_workers {training_args.dataloader_num_workers}: each worker reads its own "
+            "shards of the stream and counts its rows from 0, so the rows held out for validation (and a held-out "
+            "reward's blocks) would not be those training skips, and would be trained on. Pass --dataloader_num_workers "
+            "0 or 1"
+        )
     if training_args.do_eval and data_args.max_eval_samples is None:
         raise ValueError(
             "--streaming needs --max_eval_samples to evaluate: that many blocks of the validation stream are read "
-            "into memory and evaluated (a stream's end is unknown). Pass --max_eval_samples N, or drop --do_eval"
+            "into memory and evaluated (a stream's end is unknown). Pass --max_eval_samples N, or evaluate nothing "
+            "(--do_eval false, and --eval_strategy no where the run's default evaluates during training)"
         )
 
 
@@ -168,6 +190,11 @@ def _train_and_evaluate(
             return saved
         wanted = ", ".join([*missing, *asked])
         logger.warning(f"Training in {output_dir} finished at step {finished} without {wanted}: producing them, training no step")
+    resume = None
+    if training_args.do_train:  # before any data or model is loaded: a run this command may not continue is refused
+        # A finished run whose last outputs were lost is finished from its final model (no step is trained).
+        complete = finished is not None and not missing_checkpoint_files(output_dir)
+        resume = output_dir if complete else checkpoint_to_resume(output_dir, training_args.resume_from_checkpoint)
     set_seed(training_args.seed)
 
     hop_task = data_args.dataset_name if data_args.dataset_name in HOP_TASKS else None
@@ -205,11 +232,11 @@ def _train_and_evaluate(
 
     metrics: dict[str, float] = {}
     if training_args.do_train:
-        # A finished run whose last outputs were lost is finished from its final model (no step is trained).
-        complete = finished is not None and not missing_checkpoint_files(output_dir)
-        resume = output_dir if complete else checkpoint_to_resume(output_dir, training_args.resume_from_checkpoint)
         train_result = trainer.train(resume_from_checkpoint=resume)
         trainer.save_model()
+        if not complete and trainer.is_world_process_zero():  # the folder's model changed: its evaluation is stale
+            for name in EVALUATION_RESULTS:
+                (Path(output_dir) / name).unlink(missing_ok=True)
         train_metrics = dict(train_result.metrics)
         if not data_args.streaming:  # a stream's length is unknown
             train_metrics["train_samples"] = len(train_dataset)

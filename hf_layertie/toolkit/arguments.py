@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from transformers import HfArgumentParser
 
 from ..models import TIED_MODELS
@@ -101,7 +102,7 @@ def parse_command_line(
 ):
     """Parse flags, or a single .json / .yaml file of them, with `HfArgumentParser`.
 
-    With `default_file` (the embedded default run) and no flag naming the user's own data or model
+    With `default_file` (the embedded default run) and no flag (or key of the file) naming the user's own data or model
     (`OWN_DATA_OR_MODEL_SETTINGS`, under any spelling argparse accepts: `--dataset_name`, `--dataset-name`, an
     unambiguous prefix), the default's values apply and every flag given overrides them; `--config_overrides` is
     applied after the default's own overrides. The default's tying settings that the chosen strategy does not read
@@ -110,23 +111,42 @@ def parse_command_line(
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = HfArgumentParser(dataclass_types, description=description)
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(json_file=argv[0])
-    if len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
-        return parser.parse_yaml_file(yaml_file=argv[0])
+    if len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
+        return _parse_settings_file(parser, Path(argv[0]), default_file)
     if default_file is None:
         return parser.parse_args_into_dataclasses(args=argv)
     defaults = json.loads(Path(default_file).read_text())
     given = _given(dataclass_types, argv, (*OWN_DATA_OR_MODEL_SETTINGS, *defaults))
     if any(name in given for name in OWN_DATA_OR_MODEL_SETTINGS):
         return parser.parse_args_into_dataclasses(args=argv)
-    print(f"No data or model arguments: the embedded default ({default_file}) with the flags given on top", file=sys.stderr)
-    parser.set_defaults(**defaults)
-    parser.set_defaults(**dict.fromkeys(_unread_default_settings(defaults, given)))
-    parsed = parser.parse_args_into_dataclasses(args=argv)
+    parser.set_defaults(**_default_beneath(default_file, defaults, given))
+    return _with_both_config_overrides(parser.parse_args_into_dataclasses(args=argv), defaults, given)
+
+
+def _parse_settings_file(parser: HfArgumentParser, path: Path, default_file: Path | None):
+    """A .json / .yaml file of settings, read as the same flags would be: on top of the embedded default unless it
+    names the user's own data or model."""
+    text = path.read_text()
+    given = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    if default_file is None or any(name in given for name in OWN_DATA_OR_MODEL_SETTINGS):
+        return parser.parse_dict(given)
+    defaults = json.loads(Path(default_file).read_text())
+    parsed = parser.parse_dict({**_default_beneath(default_file, defaults, given), **given})
+    return _with_both_config_overrides(parsed, defaults, given)
+
+
+def _default_beneath(default_file: Path, defaults: dict, given: dict) -> dict:
+    """The embedded default's settings that the settings `given` build on (its tying settings that their strategy
+    does not read dropped)."""
+    print(f"No data or model arguments: the embedded default ({default_file}) with the settings given on top", file=sys.stderr)
+    return {**defaults, **dict.fromkeys(_unread_default_settings(defaults, given))}
+
+
+def _with_both_config_overrides(parsed: tuple, defaults: dict, given: dict) -> tuple:
+    """`--config_overrides` given on top of the default's own applies after them (the user's keys win)."""
     if "config_overrides" in given and defaults.get("config_overrides"):
         model_arguments = next(arguments for arguments in parsed if isinstance(arguments, ModelArguments))
-        model_arguments.config_overrides = f"{defaults['config_overrides']},{given['config_overrides']}"  # the user's keys win
+        model_arguments.config_overrides = f"{defaults['config_overrides']},{given['config_overrides']}"
     return parsed
 
 
