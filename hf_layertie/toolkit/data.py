@@ -214,7 +214,9 @@ def tokenize_and_group(
         grouped = datasets.IterableDatasetDict({split: blocks(split, dataset) for split, dataset in raw.items()})
         empty = [split for split, chunks in grouped.items() if next(iter(chunks), None) is None]
     else:
-        with PartialState().main_process_first():
+        # One process per machine tokenizes first and writes the cache its machine's others read (transformers'
+        # run_clm.py default: machines need not share a filesystem).
+        with PartialState().local_main_process_first():
             grouped = datasets.DatasetDict({split: blocks(split, dataset) for split, dataset in raw.items()})
         empty = [split for split, chunks in grouped.items() if len(chunks) == 0]
     for split in empty:
