@@ -194,20 +194,22 @@ def test_training_a_run_further_drops_the_evaluation_of_its_earlier_model(tmp_pa
     assert "finished at step 8 without an evaluation (--do_eval): producing them" in caplog.text and "eval_loss" in metrics
 
 
-def test_an_evaluation_into_a_trained_run_s_own_folder_keeps_its_training_card(tmp_path, text_files, caplog):
-    run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2, "--do_eval", "false"))
+def test_an_evaluation_into_a_trained_run_s_own_folder_keeps_its_training_card_and_metrics(tmp_path, text_files, caplog):
+    run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2))
     card = (tmp_path / "README.md").read_text()
+    assert "eval_bigram_loss" in json.loads((tmp_path / "all_results.json").read_text())
     evaluation = [
         "--model_name_or_path", str(tmp_path), "--output_dir", str(tmp_path), "--do_eval", "--block_size", "32",
-        "--train_file", str(text_files / "train.txt"), "--validation_file", str(text_files / "validation.txt"),
-        "--max_eval_samples", "8", "--report_to", "none", "--disable_tqdm", "true",
+        "--validation_file", str(text_files / "validation.txt"), "--max_eval_samples", "4",
+        "--report_to", "none", "--disable_tqdm", "true",
     ]  # fmt: skip
     with caplog.at_level("WARNING"):
         metrics = run(CAUSAL_LM, evaluation)
     assert "holds a trained run: its model card is kept" in caplog.text
     assert (tmp_path / "README.md").read_text() == card and "learning_rate" in card
     saved = json.loads((tmp_path / "all_results.json").read_text())
-    assert saved["eval_loss"] == metrics["eval_loss"] and "train_runtime" in saved  # both runs' results
+    assert saved["eval_loss"] == metrics["eval_loss"] and saved["eval_samples"] == 4 and "train_runtime" in saved
+    assert "eval_bigram_loss" not in saved  # the earlier evaluation's, on other blocks: not mixed with this one
 
 
 def test_the_count_baseline_counts_the_training_blocks_kept_and_scores_those_evaluated(tmp_path, text_files):

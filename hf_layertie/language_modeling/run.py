@@ -40,6 +40,7 @@ from ..toolkit import (
     parse_command_line,
     process_group_ended,
     read_stream,
+    refuse_training_over,
     resolve_block_size,
     set_up_logging,
     split_reward_examples,
@@ -89,9 +90,6 @@ CAUSAL_LM = LanguageModelingTask("clm", tied_model_types(AutoModelForCausalLM), 
 MASKED_LM = LanguageModelingTask("mlm", tied_model_types(AutoModelForMaskedLM), "shakespeare-wordpiece", True)
 # What a training run leaves in output_dir besides a complete checkpoint's files (the final model's).
 FINAL_OUTPUTS = ("all_results.json", "README.md")
-# The files that hold a folder's evaluation (`Trainer.save_metrics` merges each split's into all_results.json): a run
-# that trains the folder's model further starts them afresh.
-EVALUATION_RESULTS = ("eval_results.json", "all_results.json")
 ArgumentTuple = tuple[ModelArguments, DataTrainingArguments, TyingTrainingArguments]
 
 
@@ -122,11 +120,10 @@ def parse_arguments(task: LanguageModelingTask, argv: list[str] | None = None) -
             f"--dataset_name {data_args.dataset_name} generates its examples with its own word-level tokenizer: it reads "
             f"no --tokenizer_name ({model_args.tokenizer_name}); leave it unset"
         )
-    names_training_data = data_args.train_file is not None or data_args.dataset_name is not None
-    if training_args.do_train and data_args.validation_file is not None and not names_training_data:
+    if training_args.do_train and data_args.validation_file is not None and data_args.train_file is None:
         raise ValueError(
-            "--validation_file needs --train_file (or --dataset_name) to train on: to evaluate the file alone, pass "
-            "--do_eval without --do_train"
+            "--validation_file needs --train_file to train on: to evaluate the file alone, pass --do_eval without "
+            "--do_train"
         )
     if data_args.streaming:
         check_streaming_arguments(data_args, training_args)
@@ -140,12 +137,14 @@ def check_streaming_arguments(data_args: DataTrainingArguments, training_args: T
             "--streaming needs --max_steps to train: a stream has no length, so the Trainer cannot tell how many "
             "steps --num_train_epochs makes. Pass --max_steps N (or drop --streaming)"
         )
-    if training_args.dataloader_num_workers > 1:
+    held_out_by_index = data_args.validation_file is None or training_args.reward_source == "held_out"
+    if training_args.do_train and training_args.dataloader_num_workers > 1 and held_out_by_index:
         raise ValueError(
             f"--streaming with --dataloader_num_workers {training_args.dataloader_num_workers}: each worker reads its own "
-            "shards of the stream and counts its rows from 0, so the rows held out for validation (and a held-out "
-            "reward's blocks) would not be those training skips, and would be trained on. Pass --dataloader_num_workers "
-            "0 or 1"
+            "shards of the stream and counts its rows from 0, so the rows held out by their index (for validation, "
+            "where the source may have no validation split of its own, and a held-out reward's blocks) would not be "
+            "those training skips, and would be trained on. Pass --dataloader_num_workers 0 or 1, or a "
+            "--validation_file with a reward from the training loss"
         )
     if training_args.do_eval and data_args.max_eval_samples is None:
         raise ValueError(
@@ -195,6 +194,8 @@ def _train_and_evaluate(
         # A finished run whose last outputs were lost is finished from its final model (no step is trained).
         complete = finished is not None and not missing_checkpoint_files(output_dir)
         resume = output_dir if complete else checkpoint_to_resume(output_dir, training_args.resume_from_checkpoint)
+        if resume is None:
+            refuse_training_over(output_dir)
     set_seed(training_args.seed)
 
     hop_task = data_args.dataset_name if data_args.dataset_name in HOP_TASKS else None
@@ -234,9 +235,8 @@ def _train_and_evaluate(
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume)
         trainer.save_model()
-        if not complete and trainer.is_world_process_zero():  # the folder's model changed: its evaluation is stale
-            for name in EVALUATION_RESULTS:
-                (Path(output_dir) / name).unlink(missing_ok=True)
+        if not complete:  # the folder's model changed: its saved evaluation no longer describes it
+            _drop_saved_evaluation(trainer, output_dir)
         train_metrics = dict(train_result.metrics)
         if not data_args.streaming:  # a stream's length is unknown
             train_metrics["train_samples"] = len(train_dataset)
@@ -257,6 +257,7 @@ def _train_and_evaluate(
             counted = train_dataset if train_dataset is not None else grouped.get("train")
             eval_metrics.update(_baseline(task, tokenizer, counted, eval_dataset))
         trainer.log_metrics("eval", eval_metrics)
+        _drop_saved_evaluation(trainer, output_dir)  # merged in, keys an earlier evaluation had would stay
         trainer.save_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
     trainer.create_model_card()  # the card takes eval_loss and perplexity from the last evaluation
@@ -415,6 +416,19 @@ def _asked_beyond_saved(training_args: TyingTrainingArguments, saved: dict[str, 
     if training_args.push_to_hub:
         asked.append("a push to the Hub (--push_to_hub)")
     return asked
+
+
+def _drop_saved_evaluation(trainer: TyingTrainer, output_dir: str) -> None:
+    """Forget the evaluation saved in `output_dir`: eval_results.json, and its keys in all_results.json, into which
+    `Trainer.save_metrics` merges every split's metrics (an evaluation of other data, or of an earlier model, would
+    leave keys the next one does not write)."""
+    if not trainer.is_world_process_zero():
+        return
+    (Path(output_dir) / "eval_results.json").unlink(missing_ok=True)
+    path = Path(output_dir) / "all_results.json"
+    if path.is_file():
+        kept = {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith(("eval_", "perplexity"))}
+        path.write_text(json.dumps(kept, indent=4, sort_keys=True))
 
 
 def _saved_metrics(output_dir: str) -> dict[str, float]:

@@ -4,7 +4,13 @@ function takes plain values."""
 
 from .arguments import ModelArguments, parse_command_line
 from .baselines import bigram_loss, unigram_loss
-from .checkpoints import checkpoint_to_resume, finished_training_step, last_complete_checkpoint, missing_checkpoint_files
+from .checkpoints import (
+    checkpoint_to_resume,
+    finished_training_step,
+    last_complete_checkpoint,
+    missing_checkpoint_files,
+    refuse_training_over,
+)
 from .data import (
     fit_tokenizer_to_model,
     load_text_datasets,
@@ -32,6 +38,7 @@ __all__ = [
     "load_text_datasets",
     "load_tokenizer",
     "missing_checkpoint_files",
+    "refuse_training_over",
     "parse_command_line",
     "process_group_ended",
     "read_stream",

@@ -126,7 +126,7 @@ def parse_command_line(
 def _parse_settings_file(parser: HfArgumentParser, path: Path, default_file: Path | None):
     """A .json / .yaml file of settings, read as the same flags would be: on top of the embedded default unless it
     names the user's own data or model."""
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8")
     given = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     if default_file is None or any(name in given for name in OWN_DATA_OR_MODEL_SETTINGS):
         return parser.parse_dict(given)
@@ -144,7 +144,7 @@ def _default_beneath(default_file: Path, defaults: dict, given: dict) -> dict:
 
 def _with_both_config_overrides(parsed: tuple, defaults: dict, given: dict) -> tuple:
     """`--config_overrides` given on top of the default's own applies after them (the user's keys win)."""
-    if "config_overrides" in given and defaults.get("config_overrides"):
+    if given.get("config_overrides") and defaults.get("config_overrides"):
         model_arguments = next(arguments for arguments in parsed if isinstance(arguments, ModelArguments))
         model_arguments.config_overrides = f"{defaults['config_overrides']},{given['config_overrides']}"
     return parsed

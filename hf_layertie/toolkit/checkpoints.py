@@ -25,31 +25,29 @@ def checkpoint_to_resume(output_dir: str | Path, resume_from_checkpoint: str | N
             raise ValueError(f"--resume_from_checkpoint {resume_from_checkpoint} is incomplete: it has no {', '.join(missing)}")
         return str(resume_from_checkpoint)
     last = last_complete_checkpoint(output_dir)
-    if last is None:
-        _refuse_training_over(output_dir)
-        return None
-    logger.warning(f"Resuming from {last}, the last complete checkpoint in {output_dir}")
-    return str(last)
+    if last is not None:
+        logger.warning(f"Resuming from {last}, the last complete checkpoint in {output_dir}")
+    return None if last is None else str(last)
 
 
-def _refuse_training_over(output_dir: str | Path) -> None:
-    """A run that finished in `output_dir` short of the steps now asked for, with no checkpoint to continue from,
-    would be trained again from the start over its model: refused, naming the ways to keep it."""
+def refuse_training_over(output_dir: str | Path) -> None:
+    """Refuse to train from the start in `output_dir` where a run finished short of the steps now asked for and left
+    no checkpoint to continue from: its model would be replaced by one trained again from scratch."""
     step = checkpoint_step(output_dir)
     if step:
         raise ValueError(
             f"{output_dir} holds a run trained to step {step}, and no checkpoint-N to continue it from (a run's "
             f"optimizer state is saved in its checkpoints only: --save_strategy): training here would start again "
-            f"over its model. Pass --resume_from_checkpoint, a new --output_dir, or, to fine-tune its weights with a "
-            f"fresh optimizer, --model_name_or_path {output_dir} with a new --output_dir"
+            f"from scratch over its model. Pass a new --output_dir; to train its weights further with a fresh "
+            f"optimizer, also --model_name_or_path {output_dir}"
         )
 
 
 def finished_training_step(output_dir: str | Path, max_steps: int, num_train_epochs: float | None = None) -> int | None:
     """The final step of a training run in `output_dir` that already reached `max_steps`, else None. With
     `max_steps <= 0` (training by epochs) the run's own last step is the target, unless `num_train_epochs` asks
-    for more epochs than the run trained: it then continues from its last complete checkpoint (with none,
-    `checkpoint_to_resume` refuses to train over it).
+    for more epochs than the run trained: it then continues from its last complete checkpoint (with none, the
+    scripts refuse to train over it: `refuse_training_over`).
 
     `Trainer.save_state()` writes `trainer_state.json` into `output_dir` itself once training is over; training a
     finished run again would only add steps past its end (transformers resumes one step further).

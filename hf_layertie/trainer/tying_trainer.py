@@ -139,6 +139,7 @@ class TyingTrainer(Trainer):
         self._run_checked = False
         self._reward_examples = None
         self._reward_batches = None
+        self._best_step_loaded: int | None = None  # the best checkpoint's step, once its model is loaded at the end
         # The run's training totals: those of the checkpoint resumed from, plus the sitting in `train` (its summed
         # loss and start), if one is under way.
         self._totals = TrainingTotals()
@@ -321,6 +322,8 @@ class TyingTrainer(Trainer):
                 self._load_best_model()
             else:
                 logger.warning(f"Could not find the best model at {best}: the run ends on {checkpoint}'s model")
+        elif self.args.load_best_model_at_end and best is not None:  # the folder's model: the best, as its run ended
+            self._best_step_loaded = self.state.best_global_step
         return {"epoch": self.state.epoch}
 
     def _training_totals(self, sitting_runtime: float | None = None) -> TrainingTotals:
@@ -583,6 +586,8 @@ class TyingTrainer(Trainer):
         to (the Trainer loads the best model before `train` returns)."""
         self._finish_decisions()
         best = self.state.best_model_checkpoint
+        if best and os.path.isdir(best):  # else the Trainer keeps the last weights, with a warning
+            self._best_step_loaded = self.state.best_global_step
         if self.args.tying_mode != "none" and best:
             self._retie_to_checkpoint(best)
         if best and self.args.lora_rank is not None and carries_integrated_adapters(self.model):
@@ -636,7 +641,7 @@ class TyingTrainer(Trainer):
         plot = None
         if self._draws_plot and self.tying_records:
             plot = plot_tying_history(
-                self.tying_records, output_dir / TYING_PLOT_NAME, final_step=self.state.global_step, saved_step=self._best_step_loaded()
+                self.tying_records, output_dir / TYING_PLOT_NAME, final_step=self.state.global_step, saved_step=self._best_step_loaded
             )
         evaluated_only = self.state.global_step == 0  # a run that scored the model and trained nothing
         if evaluated_only and _trained_run_in(output_dir):
@@ -656,15 +661,11 @@ class TyingTrainer(Trainer):
             **self.model_card_kwargs,
         )
 
-    def _best_step_loaded(self) -> int | None:
-        """The step of the weights a final save holds when the best model was loaded at the end (None otherwise)."""
-        return self.state.best_global_step if self.args.load_best_model_at_end and self.state.best_global_step else None
-
     def _last_eval_metrics(self) -> dict:
         """The loss of the model the card describes: the last evaluation's, or, with the best model loaded at the
         end, the evaluation that chose it (the last one scored the final step's weights, which were not saved)."""
         evaluations = [entry for entry in self.state.log_history if "eval_loss" in entry]
-        best = self._best_step_loaded()
+        best = self._best_step_loaded
         if best is not None:
             evaluations = [entry for entry in evaluations if entry["step"] <= best] or evaluations
         if not evaluations:
