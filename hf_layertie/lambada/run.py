@@ -11,7 +11,6 @@ Metrics (`eval_lambada_accuracy`, `eval_lambada_perplexity`, ...) go through the
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, set_seed
@@ -19,6 +18,7 @@ from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, 
 from ..data import LAMBADA_TEST_FILE
 from ..toolkit import (
     ModelArguments,
+    changed_from_default,
     checkpoint_to_resume,
     fit_tokenizer_to_model,
     load_model,
@@ -128,9 +128,8 @@ _READ_ONLY_BY = {"do_train": ("eval_fraction", "block_size"), "do_eval": ("max_e
 
 def _refuse_unread(lambada_args: LambadaArguments, training_args: TyingTrainingArguments) -> None:
     """Refuse a LAMBADA setting given away from its default where this run does not do what reads it."""
-    defaults = {field.name: field.default for field in dataclasses.fields(lambada_args)}
     for stage, names in _READ_ONLY_BY.items():
-        given = [f"--{name}" for name in names if getattr(lambada_args, name) != defaults[name]]
+        given = changed_from_default(lambada_args, names)
         if given and not getattr(training_args, stage):
             raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} read only with --{stage}, which this run does not pass")
 

@@ -5,7 +5,6 @@ position (`hf_layertie.data.hop_induction`)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 import datasets
@@ -16,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..data.hop_induction import HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer
 from ..data.multihop import IGNORE_INDEX, MultiHopConfig, multihop_datasets, multihop_tokenizer
 from ..metrics import load_metric
-from ..toolkit import this_process_share
+from ..toolkit import changed_from_default, this_process_share
 
 if TYPE_CHECKING:
     from .arguments import DataTrainingArguments
@@ -41,8 +40,7 @@ def check_hop_task_arguments(data_args: DataTrainingArguments) -> None:
     """Refuse the text-only data arguments (they would be ignored) and read the task's settings, so that both are
     reported before anything loads."""
     name = data_args.dataset_name
-    defaults = {field.name: field.default for field in dataclasses.fields(data_args)}
-    given = [f"--{argument}" for argument in TEXT_ONLY_ARGUMENTS if getattr(data_args, argument) != defaults[argument]]
+    given = changed_from_default(data_args, TEXT_ONLY_ARGUMENTS)
     if given:
         raise ValueError(
             f"--dataset_name {name} generates its examples, and their length, from --dataset_config_name: it reads no "

@@ -2,7 +2,7 @@
 tokenizers and models, resuming, logging, ending the process group, the reward batch and count baselines. Every
 function takes plain values."""
 
-from .arguments import ModelArguments, parse_command_line
+from .arguments import ModelArguments, changed_from_default, parse_command_line
 from .baselines import bigram_loss, unigram_loss
 from .checkpoints import (
     checkpoint_to_resume,
@@ -30,6 +30,7 @@ __all__ = [
     "ModelArguments",
     "bigram_loss",
     "check_tied_model_type",
+    "changed_from_default",
     "checkpoint_to_resume",
     "finished_training_step",
     "fit_tokenizer_to_model",

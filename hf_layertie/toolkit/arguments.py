@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass, field
@@ -95,6 +96,13 @@ class ModelArguments:
     def loading_options(self) -> dict:
         """How `load_model` builds the model (not for the tokenizer or the config, unlike `hub_options`)."""
         return {"torch_dtype": self.torch_dtype, "attn_implementation": self.attn_implementation}
+
+
+def changed_from_default(arguments, names) -> list[str]:
+    """The flags among `names` that `arguments` (a dataclass of them) holds away from their defaults: set by the user,
+    as far as can be told after parsing."""
+    defaults = {field.name: field.default for field in dataclasses.fields(arguments)}
+    return [f"--{name}" for name in names if getattr(arguments, name) != defaults[name]]
 
 
 def parse_command_line(

@@ -644,7 +644,7 @@ class TyingTrainer(Trainer):
                 self.tying_records, output_dir / TYING_PLOT_NAME, final_step=self.state.global_step, saved_step=self._best_step_loaded
             )
         evaluated_only = self.state.global_step == 0  # a run that scored the model and trained nothing
-        if evaluated_only and _trained_run_in(output_dir):
+        if evaluated_only and checkpoint_step(output_dir):  # a run that trained steps: its card names the training
             logger.warning(
                 f"{output_dir} holds a trained run: its model card is kept, without this evaluation's results "
                 "(an output_dir of its own gets a card of the evaluation)"
@@ -672,13 +672,6 @@ class TyingTrainer(Trainer):
             return {}
         loss = evaluations[-1]["eval_loss"]
         return {"eval_loss": loss, "perplexity": perplexity(loss)}
-
-
-def _trained_run_in(folder: Path) -> bool:
-    """Whether `folder` holds a run that trained steps (its trainer_state.json), whose card an evaluation would
-    replace with one that names no training."""
-    state = folder / TRAINER_STATE_NAME
-    return state.is_file() and TrainerState.load_from_json(str(state)).global_step > 0
 
 
 def check_resumes_saved_settings(args: TyingTrainingArguments, checkpoint: str, state: dict | None) -> None:
