@@ -355,6 +355,7 @@ def test_causal_lm_examples_train_through_the_standard_collator(memorising_model
         (["--do_eval", "--block_size", "64"], "--block_size is read only with --do_train, which this run does not pass"),
         (["--do_eval", "--eval_fraction", "0.2"], "--eval_fraction is read only with --do_train"),
         (["--do_train", "--do_eval", "false", "--max_eval_passages", "5"], "--max_eval_passages is read only with --do_eval"),
+        (["--do_eval", "--tying_strategy", "static:all"], "--tying_strategy is read only in training, and this run does not pass --do_train"),
     ],
 )
 def test_run_lambada_refuses_a_setting_its_run_would_not_read(tmp_path, flags, message):

@@ -160,6 +160,9 @@ def test_a_finished_run_run_again_says_so_and_changes_nothing(tmp_path, text_fil
         again = run(CAUSAL_LM, flags)
     assert "already finished at step 6: nothing is trained or changed" in caplog.text
     assert again == first
+    checkpoint = str(tmp_path / "checkpoint-2")  # an explicit checkpoint would train the last steps again: refused
+    with pytest.raises(ValueError, match=rf"--resume_from_checkpoint {re.escape(checkpoint)}: training in .* already finished at step 6"):
+        run(CAUSAL_LM, [*flags, "--resume_from_checkpoint", checkpoint])
     assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == files
 
 

@@ -107,6 +107,24 @@ def test_an_evaluation_without_a_model_to_score_is_refused(tmp_path):
         parse_arguments(CAUSAL_LM, ["--do_train", "false", "--do_eval", "--output_dir", str(tmp_path)])
 
 
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--tying_strategy", "static:all"], "--tying_strategy is"),
+        (["--tying_interval", "5"], "--tying_interval is"),
+        (["--tying_strategy", "random", "--tying_interval", "5"], "--tying_strategy, --tying_interval are"),
+        (["--distill_from", "teacher"], "--distill_from is"),
+    ],
+)
+def test_tying_and_distillation_settings_on_an_evaluation_alone_are_refused(tmp_path, flags, named):
+    """Evaluation scores the checkpoint with its saved map and no teacher: the settings would be dropped unread."""
+    evaluation = ["--model_name_or_path", "never-loaded", "--output_dir", str(tmp_path), "--do_eval"]
+    with pytest.raises(ValueError, match=rf"^{named} read only in training, and this run does not pass --do_train"):
+        parse_arguments(CAUSAL_LM, [*evaluation, *flags])
+    parse_arguments(CAUSAL_LM, [*evaluation, "--tying_strategy", "dlt"])  # the default: nothing is dropped
+    parse_arguments(CAUSAL_LM, [*evaluation, *flags, "--do_train"])
+
+
 def test_streaming_with_several_loader_workers_is_refused(tmp_path):
     """Each worker would count the stream's rows from 0: the validation rows it skips are not those evaluated."""
     with pytest.raises(ValueError, match="--streaming with --dataloader_num_workers 2: each worker reads its own shards"):

@@ -25,6 +25,7 @@ from ..toolkit import (
     load_tokenizer,
     parse_command_line,
     process_group_ended,
+    refuse_training_settings_without_training,
     resolve_block_size,
     set_up_logging,
     split_reward_examples,
@@ -74,6 +75,7 @@ def _evaluate_and_fine_tune(
     if not (training_args.do_train or training_args.do_eval):
         raise ValueError("Nothing to do: pass --do_eval, --do_train or both")
     _refuse_unread(lambada_args, training_args)
+    refuse_training_settings_without_training(training_args)
     set_up_logging(training_args.get_process_log_level())
     set_seed(training_args.seed)
 

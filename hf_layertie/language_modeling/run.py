@@ -41,6 +41,7 @@ from ..toolkit import (
     process_group_ended,
     read_stream,
     refuse_training_over,
+    refuse_training_settings_without_training,
     resolve_block_size,
     set_up_logging,
     split_reward_examples,
@@ -115,6 +116,7 @@ def parse_arguments(task: LanguageModelingTask, argv: list[str] | None = None) -
             f"from scratch has learned nothing): pass --model_name_or_path, e.g. {training_args.output_dir} for the "
             "model trained there"
         )
+    refuse_training_settings_without_training(training_args)
     if data_args.dataset_name in HOP_TASKS and model_args.tokenizer_name is not None:
         raise ValueError(
             f"--dataset_name {data_args.dataset_name} generates its examples with its own word-level tokenizer: it reads "
@@ -175,6 +177,12 @@ def _train_and_evaluate(
         if training_args.do_train
         else None
     )
+    if finished is not None and training_args.resume_from_checkpoint is not None:
+        raise ValueError(
+            f"--resume_from_checkpoint {training_args.resume_from_checkpoint}: training in {output_dir} already "
+            f"finished at step {finished}, so resuming would train its last steps again over its final model. Pass a "
+            "new --output_dir to train from that checkpoint there, or a larger --max_steps to continue the run"
+        )
     if finished is not None:
         missing = _missing_final_outputs(output_dir)
         saved = _saved_metrics(output_dir)

@@ -105,6 +105,18 @@ def changed_from_default(arguments, names) -> list[str]:
     return [f"--{name}" for name in names if getattr(arguments, name) != defaults[name]]
 
 
+def refuse_training_settings_without_training(training_args) -> None:
+    """Refuse tying or distillation settings on a run that does not train (`TyingTrainingArguments
+    .training_settings_given`): it scores the model with its saved map and no teacher, so they would be dropped."""
+    given = [f"--{name}" for name in training_args.training_settings_given()]
+    if given and not training_args.do_train:
+        raise ValueError(
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} read only in training, and this run does not pass "
+            "--do_train: evaluation scores the model of --model_name_or_path with the tying map it was saved with (and "
+            f"no teacher). Leave {'it' if len(given) == 1 else 'them'} unset, or pass --do_train"
+        )
+
+
 def parse_command_line(
     dataclass_types: tuple[type, ...], argv: list[str] | None = None, default_file: Path | None = None, description: str | None = None
 ):

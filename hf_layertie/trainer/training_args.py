@@ -205,6 +205,7 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
 
     def __post_init__(self):
         super().__post_init__()
+        self._given_for_training = self._settings_set_here()
         self._resolve_tying_settings()
         self._resolve_distillation_settings()
 
@@ -254,6 +255,17 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         if self.distill_from is not None and os.path.isdir(self.distill_from):
             settings["distill_from"] = os.path.realpath(self.distill_from)
         return settings
+
+    def training_settings_given(self) -> list[str]:
+        """The tying and distillation settings these arguments were given (not those a strategy filled in), and
+        `tying_strategy` where it is not the default: what only training reads. An evaluation-only run scores the
+        model's saved map and loads no teacher, so the scripts refuse them there rather than drop them."""
+        return list(self._given_for_training)
+
+    def _settings_set_here(self) -> list[str]:
+        default_strategy = type(self).__dataclass_fields__["tying_strategy"].default
+        changed = ["tying_strategy"] if self.tying_strategy != default_strategy else []
+        return changed + [name for name in (*self.strategy_settings(), *DISTILLATION_SETTINGS) if getattr(self, name) is not None]
 
     def without_tying(self) -> TyingTrainingArguments:
         """These arguments with `tying_strategy="none"` and every strategy and distillation setting unset
