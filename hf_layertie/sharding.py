@@ -199,7 +199,9 @@ def _unsharded_replica(model, unsharded_class: type, weights: dict) -> TiedBlock
     Parameters train, on the weights' device. The weights name each shared Parameter once: only tied blocks' names
     may be missing, and anything else that does not fit is an error, not a weight left at its initialisation."""
     device = next(iter(weights.values())).device
-    with torch.device(device):
+    # Its initialisation is overwritten: it must not move the random generators (dropout would then differ from a
+    # one-process `retie`, which draws nothing).
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
         replica = unsharded_class(copy.deepcopy(model.config))
     kept = {name: (parameter.dtype, parameter.requires_grad) for name, parameter in model.named_parameters()}
     for name, parameter in replica.named_parameters():  # each shared Parameter once: its ties stay

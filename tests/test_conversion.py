@@ -71,6 +71,11 @@ def test_a_checkpoint_converted_with_mean_is_regrouped_from_its_roots_unless_tol
     config = GPT2.tied_class.config_class.from_pretrained(tmp_path / "converted")
     config.tying_map = [0, 0, 0, 3]
     assert torch.equal(logits(load_cleanly(GPT2.tied_class, tmp_path / "converted", config=config)), logits(regrouped))
+    # And through a config loaded with the map and the tie_init asked for (equal to the checkpoint's "mean"): `config=`
+    # loads as the same arguments to the model's `from_pretrained` do.
+    for tie_init, expected in (("mean", by_mean), ("root", by_root)):
+        asked = GPT2.tied_class.config_class.from_pretrained(tmp_path / "converted", tying_map=[0, 0, 0, 3], tie_init=tie_init)
+        assert torch.equal(logits(load_cleanly(GPT2.tied_class, tmp_path / "converted", config=asked)), logits(expected))
 
 
 

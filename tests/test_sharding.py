@@ -48,6 +48,17 @@ def assert_matches_one_process(measured):
     assert measured["weights"] < WEIGHT_TOLERANCE
 
 
+def test_the_replica_of_a_sharded_re_tie_leaves_the_random_generator_alone():
+    """A one-process `retie` draws no random number: the sharded one must not either, or dropout would differ."""
+    from hf_layertie.sharding import _unsharded_replica
+
+    model = GPT2.tied_model([0, 0, 2, 2])
+    state = torch.get_rng_state()
+    replica = _unsharded_replica(model, type(model), model.state_dict())
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(replica.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("tying_map", ["[0, 0, 2, 2]", "[0, 1, 0, 1]", "[0, 0, 0, 0]", "[0, 1, 2, 3]", "[0, 1, 0, 0]"])
 def test_a_sharded_static_map_trains_as_one_process(fsdp_run, tying_map):

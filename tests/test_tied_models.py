@@ -11,6 +11,7 @@ import re
 from functools import cache
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
 from conftest import EVERY_KIND, GPT2, LLAMA, TINY_GPT2, ModelKind, every_kind, raw_tying_maps
@@ -18,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 from torch import nn
-from transformers import AutoConfig, PreTrainedModel
+from transformers import AutoConfig, PreTrainedModel, Trainer, TrainingArguments
 
 from hf_layertie import TIED_MODELS, TiedGPT2LMHeadModel, TyingMap, parse_strategy
 
@@ -625,6 +626,20 @@ def test_to_untied_in_half_precision_keeps_the_logits_and_the_buffers_dtypes(kin
 
 
 @every_kind
+def test_to_untied_keeps_the_attention_implementation_and_the_frozen_weights(kind):
+    model = kind.tied_model([0, 0, 2, 2], attn_implementation="eager")
+    model.get_input_embeddings().weight.requires_grad_(False)
+
+    plain = model.to_untied()
+
+    assert plain.config._attn_implementation == "eager"
+    inputs = torch.arange(8).unsqueeze(0)
+    assert len(plain(inputs, output_attentions=True).attentions) == 4  # sdpa returns no attention weights
+    assert not plain.get_input_embeddings().weight.requires_grad
+    assert all(parameter.requires_grad for parameter in plain.get_submodule(kind.blocks_path).parameters())
+
+
+@every_kind
 @FEW
 @given(entries=raw_tying_maps())
 def test_to_untied_gives_the_plain_class_with_a_copy_per_block_and_the_same_logits(kind, entries, tmp_path_factory):
@@ -689,8 +704,31 @@ def test_retie_updates_the_config_and_only_configs_no_model_is_built_on_accept_a
     detached.tying_map = [0, 1, 2, 3]
     assert model.config.tying_map == [0, 0, 0, 3]
     assert_blocks_share_as(model, [0, 0, 0, 3])
-    with pytest.raises(ValueError, match=r"this config already drives a TiedGPT2LMHeadModel.*copy\.deepcopy"):
-        GPT2.tied_class(config)
+    with pytest.warns(UserWarning, match=r"this config already drives a TiedGPT2LMHeadModel: the new TiedGPT2LMHeadModel is built on a copy of it"):
+        second = GPT2.tied_class(config)
+    assert second.config is not config and second.config.tying_map == [0, 0, 0, 3]
+    second.retie([0, 1, 2, 3])
+    assert config.tying_map == [0, 0, 0, 3] and model.tying_map.to_list() == [0, 0, 0, 3]
+
+
+def test_a_trainer_s_model_init_builds_each_model_on_one_config(tmp_path):
+    """transformers' `Trainer` builds the model of `model_init` again in `train()`, while the first one is held."""
+    config = GPT2.make_config([0, 0, 2, 2])
+    dataset = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3, 4]] * 8, "labels": [[1, 2, 3, 4]] * 8})
+    args = TrainingArguments(str(tmp_path), max_steps=1, per_device_train_batch_size=4, use_cpu=True, report_to=[])
+    with pytest.warns(UserWarning, match="this config already drives"):
+        trainer = Trainer(model_init=lambda: GPT2.tied_class(config), args=args, train_dataset=dataset)
+        assert trainer.train().global_step == 1
+    assert_blocks_share_as(trainer.model, [0, 0, 2, 2])
+
+
+def test_a_shallow_copy_shares_its_original_s_blocks_and_config():
+    model = GPT2.tied_model([0, 0, 2, 2])
+    view = copy.copy(model)
+    assert view.config is model.config and view.tied_blocks is model.tied_blocks
+    view.retie([0, 1, 2, 3])
+    assert model.tying_map.to_list() == [0, 1, 2, 3]
+    assert_blocks_share_as(model, [0, 1, 2, 3])
 
 
 def test_a_copied_or_pickled_model_owns_its_own_config():

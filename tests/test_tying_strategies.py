@@ -164,6 +164,8 @@ def test_resolve_tying_map_takes_explicit_entries_or_a_strategy(text, expected):
         ("0 -1 1 2", "tying_map[1] = -1 is negative"),
         ("0 0 1", "tying_map has 3 entries but the model has 4 blocks"),
         ("0 0 ² 1", "unknown tying strategy"),
+        ("0 --1 1 2", "unknown tying strategy '0 --1 1 2'"),
+        ("0 0 ２ 1", "unknown tying strategy"),  # a full-width digit: ASCII entries only
     ],
 )
 def test_resolve_tying_map_reports_bad_entries(text, expected):

@@ -209,12 +209,22 @@ class AdapterExportMixin:
         config_dict = {
             key: value for key, value in self.config.to_dict().items() if key not in TYING_FIELDS + _TIED_CLASS_KEYS
         }
+        plain_config = plain_class.config_class.from_dict(config_dict)
+        # Not in `to_dict()`: the attention this model computes with (eager returns attention weights; the default,
+        # sdpa, does not).
+        plain_config._attn_implementation = self.config._attn_implementation
         # Built on the meta device and given copies of these weights: no random initialisation, and no memory beyond
         # the copies (each block its own).
         with torch.device("meta"):
-            plain = plain_class(plain_class.config_class.from_dict(config_dict))
+            plain = plain_class(plain_config)
         plain.load_state_dict({name: tensor.clone() for name, tensor in state_dict.items()}, assign=True)
         plain.tie_weights()  # its own ties (embeddings), which separate copies would have cut
+        # `assign=True` keeps the new model's `requires_grad`: the weights frozen here stay frozen there (an adapted
+        # model's base weights are named otherwise, and its export is trainable, as a merged model is).
+        own_parameters = dict(self.named_parameters(remove_duplicate=False))
+        for name, parameter in plain.named_parameters(remove_duplicate=False):
+            if name in own_parameters:
+                parameter.requires_grad_(own_parameters[name].requires_grad)
         # Buffers: copies of this model's, in its dtypes (rotary `inv_freq` stays float32 in a half-precision model);
         # the non-persistent ones are in no state dict and would stay on the meta device.
         own_buffers = dict(self.named_buffers(remove_duplicate=False))

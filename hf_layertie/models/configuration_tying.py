@@ -110,8 +110,10 @@ class TyingConfigMixin:
             return self
         if saved == self.tying:
             return self
+        # A config that `from_pretrained(checkpoint, tying_map=...)` prepared already kept its `tie_init` or not.
+        prepared = getattr(self, "_saved_tying_map", None) is not None
         config = copy.deepcopy(self)
-        config._regroup_from(saved, tie_init_asked=self.tie_init != saved_dict.get("tie_init", "root"))
+        config._regroup_from(saved, tie_init_asked=prepared or self.tie_init != saved_dict.get("tie_init", "root"))
         return config
 
     def _regroup_from(self, saved: TyingMap, tie_init_asked: bool) -> None:
@@ -139,20 +141,22 @@ class TyingConfigMixin:
         return TyingMap(self.tying_map, num_blocks=self.num_hidden_layers)
 
     def _bind(self, model) -> None:
-        """Called by the model built on this config: from now on only `model.retie` changes the map."""
-        bound = self._bound_model()
-        if bound is not None and bound is not model:
-            # A model no longer in use may still wait for the garbage collector (held in a reference cycle, such as an
-            # exception's traceback): only a model still reachable drives the config.
-            del bound
-            gc.collect()
-            bound = self._bound_model()
+        """Called by the model built on this config: from now on only `model.retie` changes the map. A model
+        built on a config that drives another gets a copy of it (`TiedBlocksMixin.__init__`)."""
+        bound = self._live_bound_model()
         if bound is not None and bound is not model:
             raise ValueError(
                 f"this config already drives a {type(bound).__name__}: build the new model on "
                 f"copy.deepcopy(config), so that re-tying one model cannot change the other's map"
             )
         self._tied_model = weakref.ref(model)
+
+    def _live_bound_model(self):
+        """The model this config drives, if it is still in use: one that is not may still wait for the garbage
+        collector (held in a reference cycle, such as an exception's traceback), and does not count."""
+        if self._bound_model() is not None:
+            gc.collect()
+        return self._bound_model()
 
     def _take_saved_tying_map(self) -> TyingMap | None:
         saved = getattr(self, "_saved_tying_map", None)

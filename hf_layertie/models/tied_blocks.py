@@ -21,7 +21,9 @@ Like `tying_map.py`, this file only uses relative imports: it is copied next to 
 
 from __future__ import annotations
 
+import copy
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -164,6 +166,16 @@ class TiedBlocksMixin(AdapterExportMixin):
     lean_construction: bool = True
 
     def __init__(self, config, *inputs, **kwargs):
+        if config._live_bound_model() is not None:
+            # A second model on one config (transformers' `Trainer(model_init=...)` builds one while the first is
+            # still held) would have its map changed by the first one's `retie`: it gets a copy of its own.
+            warnings.warn(
+                f"this config already drives a {type(config._bound_model()).__name__}: the new "
+                f"{type(self).__name__} is built on a copy of it (its `config` is not the object passed), so that "
+                "re-tying one model cannot change the other's map",
+                stacklevel=2,
+            )
+            config = copy.deepcopy(config)
         with distinct_blocks_only(type(self), config) as construction:
             super().__init__(config, *inputs, **kwargs)
         if construction is not None:
@@ -187,9 +199,13 @@ class TiedBlocksMixin(AdapterExportMixin):
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
 
     def __setstate__(self, state):
-        # A copied or unpickled model drives its (copied, unbound) config again.
+        # A deep-copied or unpickled model drives its (copied, unbound) config again. A shallow copy
+        # (`copy.copy`) shares its original's config and blocks: a re-tie through either changes both, and the
+        # config, alike, so it stays bound to the original.
         super().__setstate__(state)
-        self.config._bind(self)
+        bound = self.config._live_bound_model()
+        if bound is None or bound.tied_blocks is not self.tied_blocks:
+            self.config._bind(self)
 
     @property
     def tied_blocks(self) -> nn.ModuleList:

@@ -14,6 +14,7 @@ Spec strings (`parse_strategy("cycle:4", num_blocks=12)`):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from .tying_map import TyingMap
@@ -94,7 +95,7 @@ def parse_strategy(spec: str, num_blocks: int) -> TyingMap:
 def _explicit_entries(text: str) -> list[int] | None:
     """`"0 0 2 2"` or `"0,0,2,2"` as integers; None when `text` is not a list of integers."""
     entries = text.replace(",", " ").split()
-    if entries and all(entry.lstrip("-").isdecimal() for entry in entries):
+    if entries and all(re.fullmatch(r"-?\d+", entry, flags=re.ASCII) for entry in entries):
         return [int(entry) for entry in entries]
     return None
 
