@@ -85,7 +85,7 @@ def write_learning_rates(output: Path, settings: BenchSettings, grid: tuple[floa
             losses.setdefault(spec.label, {})[rate] = _selection_loss(run)
             selected.setdefault(spec.label, {})[rate] = _selected_test_loss(run)
     # A label chooses once it has run at every rate: a tuning stopped early leaves the others at the preset's rate.
-    chosen = {label: float(min(by_rate, key=by_rate.get)) for label, by_rate in losses.items() if len(by_rate) == len(grid)}
+    chosen = {label: float(min(by_rate, key=lambda rate: _ranked(by_rate[rate]))) for label, by_rate in losses.items() if len(by_rate) == len(grid)}
     tuning = {
         "grid": list(grid), "seed": runs[0].seed, "preset_learning_rate": settings.learning_rate,
         "validation_loss": losses, "selected_test_loss": selected, "chosen": chosen,
@@ -123,9 +123,10 @@ def _with_followers(
 
 
 def interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
-    """Mean and the half-width of its two-sided t-interval at `confidence` (nan with fewer than 2 values)."""
+    """Mean and the half-width of its two-sided t-interval at `confidence` (nan with fewer than 2 values, and where a
+    value is not finite: a run that diverged makes the mean inf or nan, which the tables print as it is)."""
     mean = statistics.fmean(values)
-    if len(values) < 2:
+    if len(values) < 2 or not all(math.isfinite(value) for value in values):
         return mean, math.nan
     return mean, float(stats.t.ppf((1 + confidence) / 2, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
 
@@ -152,6 +153,14 @@ def paired_difference(runs: dict[int, dict], baseline: dict[int, dict], key: str
     return difference
 
 
+def row_difference(runs: dict[int, dict], other: dict[int, dict], key: str = "test_loss") -> dict | None:
+    """`paired_difference` of two rows of a study table, counting in `left_out` the seeds only one of them has: the
+    cell then says that it paired fewer seeds than a row shows (its difference is not that of the rows' means)."""
+    difference = paired_difference(runs, other, key)
+    unmatched = len(runs.keys() ^ other.keys())
+    return difference | {"left_out": unmatched, "left_out_why": "in one row only"} if difference and unmatched else difference
+
+
 def equivalent(differences: list[float], margin: float) -> bool:
     """Two one-sided t-tests at 5% each, i.e. the 90% interval inside +/- margin: is the mean difference shown to
     be above -margin and below +margin?"""
@@ -160,6 +169,8 @@ def equivalent(differences: list[float], margin: float) -> bool:
 
 
 def _verdict(mean: float, half: float) -> str:
+    if not math.isfinite(mean):
+        return "not finite: a run diverged"
     if math.isnan(half):
         return "one seed: no interval yet"
     if abs(mean) <= half:
@@ -195,7 +206,7 @@ def summarise(table: dict[str, dict[int, dict]], contrasts_of: dict[str, dict[st
             ]  # fmt: skip
 
         paired = contrasts(baselines) + [(name, other) for name, other in contrasts_of.get(label, {}).items() if other in measured]
-        rows_versus = {name: paired_difference(runs, measured[other]) for name, other in paired}
+        rows_versus = {name: row_difference(runs, measured[other]) for name, other in paired}
         rows[label] = {
             "seeds": sorted(runs),
             "test_loss": loss,
@@ -233,9 +244,14 @@ def _lowest(labels: list[str], measured: dict[str, dict[int, dict]], loss) -> st
     for a loss measured during training, when some run has no such measurement)."""
     candidates = [label for label in labels if label in measured]
     try:
-        return min(candidates, key=lambda label: statistics.fmean(loss(run) for run in measured[label].values()), default=None)
+        return min(candidates, key=lambda label: _ranked(statistics.fmean(loss(run) for run in measured[label].values())), default=None)
     except KeyError:  # runs made without evaluations during training
         return None
+
+
+def _ranked(loss: float) -> float:
+    """A loss to rank by: nan (a diverged run's) ranks last, as inf does, instead of comparing as neither."""
+    return math.inf if math.isnan(loss) else loss
 
 
 def _lowest_validation_loss(run: dict) -> float:
@@ -270,7 +286,7 @@ def _accuracy(runs: dict[int, dict], measured: dict[str, dict[int, dict]], paire
     if summary is None:
         return None
     versus = {
-        name: paired_difference(runs, measured[other], key="mean_accuracy") for name, other in paired if accuracy_summary(measured[other]) is not None
+        name: row_difference(runs, measured[other], key="mean_accuracy") for name, other in paired if accuracy_summary(measured[other]) is not None
     }
     return {**summary, "versus": versus}
 
@@ -283,7 +299,7 @@ def _selected(runs: dict[int, dict], measured: dict[str, dict[int, dict]], contr
         return None
     loss, half = interval([run["test_loss_at_best_validation"] for run in runs.values()])
     versus = {
-        name: paired_difference(runs, measured[other], key="test_loss_at_best_validation")
+        name: row_difference(runs, measured[other], key="test_loss_at_best_validation")
         for name, other in contrasts
         if all("test_loss_at_best_validation" in run for run in measured[other].values())
     }
@@ -397,7 +413,7 @@ def _markdown(settings: BenchSettings, payload: dict) -> str:
         _test_loss_words(settings, bigram) + _best_static_words(settings, best) + _frozen_recipe_words(settings),
         "",
         f"`{untied_label(settings)}` is conventional training of a model with as many blocks as the budget: the same "
-        f"parameters, gradients and optimizer state as a tied model with U distinct blocks. Memory in MiB.",
+        f"parameters, gradients and optimizer state as a tied model with U distinct blocks. Memory in MiB. {_time_words(settings)}",
         "",
         f"| strategy | seeds | test loss | ppl | distinct final / mean / peak | {' | '.join(STUDY_CONTRASTS.values())} | peak state MiB | "
         + process_peak_name(study) + " MiB | train s | agent time |",
@@ -476,6 +492,13 @@ def _partial_loop_markdown(settings: BenchSettings, payload: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _time_words(settings: BenchSettings) -> str:
+    """What the time columns measure: the Trainer's `train_runtime`, which holds the evaluations made during
+    training, and the agent's share of it."""
+    evaluations = f", its evaluations every {settings.eval_interval} steps included" if settings.eval_interval else ""
+    return f"train s: the Trainer's training time{evaluations}; agent time: the share of it spent deciding and re-tying."
+
+
 def _frozen_recipe_words(settings: BenchSettings) -> str:
     """How a `frozen_recipe` preset's schedule and weight decay were chosen (issue 53, part 2); nothing otherwise."""
     if not settings.frozen_recipe:
@@ -497,7 +520,8 @@ def _test_loss_words(settings: BenchSettings, bigram: float | None) -> str:
     return (
         ("Test loss in nats per labelled token on the task's test split" if settings.task else
          f"Test loss in nats per token on {evaluation_coverage('test', settings.block_size, settings.max_test_blocks)}")
-        + ", mean ± 95% interval over paired seeds; differences are paired (negative: lower loss than the other). "
+        + ", mean ± 95% interval over the row's seeds; differences are paired on the seeds both rows have (a cell "
+        + "pairing fewer than a row shows says so; negative: lower loss than the other). "
         + ("" if bigram is None else f"Count bigram of the same tokenization: {bigram:.3f}. ")
     )  # fmt: skip
 

@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 from transformers import HfArgumentParser
 
@@ -58,6 +59,8 @@ def main() -> None:
     tuning = read_learning_rates(Path(args.learning_rates_from or output)) if args.tuned_learning_rates else None
     if args.learning_rates_from is not None and tuning is None:
         raise SystemExit(f"--learning_rates_from {args.learning_rates_from}: no {LEARNING_RATES_FILE} there")
+    if settings.use_gpu and not args.report_only and not torch.cuda.is_available():
+        raise SystemExit("--use_gpu (this preset trains on a GPU) needs a CUDA device, and torch.cuda.is_available() is False here")
     claim_results_dir(output, settings)
     if args.tune_learning_rates is not None:
         grid = parse_learning_rates(args.tune_learning_rates)

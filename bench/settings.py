@@ -406,6 +406,16 @@ class BenchArguments:
     def __post_init__(self):
         if self.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
+        if self.memory_only and (self.rows is not None or self.skip_memory):
+            given = "--rows" if self.rows is not None else "--skip_memory"
+            raise ValueError(f"--memory_only with {given}: the first trains only the memory runs, which the second leaves out")
+        if self.learning_rates_from is not None and not self.tuned_learning_rates:
+            raise ValueError(
+                f"--learning_rates_from {self.learning_rates_from} with --tuned_learning_rates false: the second trains "
+                "every strategy at the preset's rate, so the first would be ignored"
+            )
+        if self.tune_learning_rates is not None:
+            parse_learning_rates(self.tune_learning_rates)  # a bad grid is refused before the folder is claimed
 
 
 def grid_seed(settings: BenchSettings) -> int:

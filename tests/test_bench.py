@@ -18,6 +18,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 from scipy import stats
+import torch
 from tqdm.auto import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -650,6 +651,33 @@ def test_interval_is_the_student_t_interval():
     assert math.isnan(interval([1.0])[1])
 
 
+def test_a_diverged_run_is_reported_as_such_and_never_chosen_as_the_best():
+    """A run whose loss became nan or inf: the report is still written, its cells say so, and it ranks last."""
+    from bench.report import _lowest, paired_difference, verdict_cell
+
+    trained = {0: {"test_loss": 4.1, "validation_loss": 4.1}, 1: {"test_loss": 4.2, "validation_loss": 4.2}}
+    for value in (math.nan, math.inf):
+        diverged = {0: {"test_loss": value, "validation_loss": value}, 1: {"test_loss": 4.0, "validation_loss": 4.0}}
+        difference = paired_difference(diverged, trained)
+        assert not math.isfinite(difference["mean"]) and verdict_cell(difference).endswith("(not finite: a run diverged)")
+        table = {"diverged": diverged, "trained": trained}
+        assert _lowest(["diverged", "trained"], table, lambda run: run["validation_loss"]) == "trained"
+
+
+def test_a_difference_over_fewer_seeds_than_its_rows_says_so():
+    """A row's loss is over its own seeds, a difference over those both rows have: the cell names the gap."""
+    from bench.markdown_tables import format_value
+    from bench.report import row_difference, verdict_cell
+
+    longer = {seed: {"test_loss": 4.0 + seed / 10} for seed in range(3)}
+    shorter = {seed: {"test_loss": 4.1} for seed in range(2)}
+    difference = row_difference(longer, shorter)
+    assert difference["seeds"] == 2 and difference["mean"] == pytest.approx(-0.05)
+    assert verdict_cell(difference).endswith("[paired on 2 seeds; in one row only on 1]")
+    assert format_value(difference, "difference").endswith("[paired on 2 seeds; in one row only on 1]")
+    assert "left_out" not in row_difference(shorter, {seed: longer[seed] for seed in range(2)})
+
+
 def test_no_difference_gets_a_size_from_an_equivalence_test_on_losses_only():
     from bench.report import paired_difference
 
@@ -1080,6 +1108,36 @@ def test_a_row_not_in_the_plan_is_refused_by_name_before_the_folder_is_claimed(t
     argv = ["run_bench.py", "--preset", "recipe", "--results_dir", str(results), "--rows", "cycle @ U|cycle @ 3"]
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit, match=r"--rows: 'cycle @ 3' is not a row of this plan; its rows: .*cycle @ U"):
+        main()
+    assert not results.exists()
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--tune_learning_rates", "1e-3,x"], r"--tune_learning_rates '1e-3,x': expected comma-separated learning rates"),
+        (["--memory_only", "true", "--skip_memory", "true"], "--memory_only with --skip_memory: the first trains only the memory runs"),
+        (["--memory_only", "true", "--rows", "cycle @ U"], "--memory_only with --rows"),
+        (["--learning_rates_from", "elsewhere", "--tuned_learning_rates", "false"], "--learning_rates_from elsewhere with --tuned_learning_rates false"),
+    ],
+)
+def test_flags_that_would_do_nothing_or_contradict_are_refused_before_the_folder_is_claimed(tmp_path, monkeypatch, flags, message):
+    from bench.run_bench import main
+
+    results = tmp_path / "recipe"
+    monkeypatch.setattr(sys, "argv", ["run_bench.py", "--preset", "recipe", "--results_dir", str(results), *flags])
+    with pytest.raises(ValueError, match=message):
+        main()
+    assert not results.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without CUDA")
+def test_a_gpu_preset_without_cuda_is_refused_before_the_folder_is_claimed(tmp_path, monkeypatch):
+    from bench.run_bench import main
+
+    results = tmp_path / "gpu"
+    monkeypatch.setattr(sys, "argv", ["run_bench.py", "--preset", "gpu", "--results_dir", str(results)])
+    with pytest.raises(SystemExit, match="--use_gpu .* needs a CUDA device"):
         main()
     assert not results.exists()
 
