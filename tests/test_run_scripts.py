@@ -360,6 +360,8 @@ def test_bad_input_to_run_clm_gives_one_clear_error(tmp_path, text_files, make_f
         ("garbage", r"--config_overrides 'garbage': .*expected comma-separated key=value pairs of TiedGPT2Config fields"),
         ("n_layer=abc", r"--config_overrides 'n_layer=abc': invalid literal for int\(\)"),
         ("n_layer=2,wings=3", r"--config_overrides 'n_layer=2,wings=3': key wings isn't in the original config dict"),
+        ("n_layer=2,tying_map=0 0", r"--config_overrides 'n_layer=2,tying_map=0 0': tying_map cannot be given among key=value overrides"),
+        ("tie_init=3", r"--config_overrides 'tie_init=3': .*tie_init must be one of"),
     ],
 )
 def test_bad_config_overrides_are_named(tmp_path, text_files, overrides, message):

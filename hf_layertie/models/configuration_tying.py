@@ -79,8 +79,13 @@ class TyingConfigMixin:
         super().__setattr__(key, value)
 
     def update_from_string(self, update_str: str):
-        if "tying_map" in (item.split("=")[0] for item in update_str.split(",")):
+        if "tying_map" in (item.split("=")[0].strip() for item in update_str.split(",")):
             self._refuse_if_bound()
+            raise ValueError(
+                "tying_map cannot be given among key=value overrides (its entries would be split at the commas): "
+                "pass tying_map=[...] to the config or to from_pretrained, or the map as a strategy "
+                "(tying_strategy='static:0,0,2,2')"
+            )
         super().update_from_string(update_str)
 
     def __getstate__(self):

@@ -166,7 +166,7 @@ def load_model(
     if config_overrides is not None:
         try:
             config.update_from_string(config_overrides)
-        except ValueError as error:
+        except (ValueError, TypeError) as error:  # transformers raises TypeError for a field of another type
             raise ValueError(
                 f"--config_overrides {config_overrides!r}: {error}; expected comma-separated key=value pairs of "
                 f"{type(config).__name__} fields, e.g. 'n_layer=6,n_embd=128'"
