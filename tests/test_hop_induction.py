@@ -43,6 +43,20 @@ def test_the_splits_are_seeded_and_differ():
     assert first["train"]["input_ids"] != first["validation"]["input_ids"] != first["test"]["input_ids"]
 
 
+def test_no_evaluation_example_is_a_training_example(caplog):
+    """A small task's example space repeats examples across splits: the repeats are held out of evaluation."""
+    config = HopInductionConfig(length=10, max_hops=2, train_examples=5000, eval_examples=200)
+    with caplog.at_level("WARNING"):
+        splits = hop_induction_datasets(config, seed=0)
+    trained = {tuple(ids) for ids in splits["train"]["input_ids"]}
+    for split in ("validation", "test"):
+        assert 0 < len(splits[split]) < 200 and not trained & {tuple(ids) for ids in splits[split]["input_ids"]}
+        assert f"of the 200 generated {split} examples are also training examples" in caplog.text
+    tiny = HopInductionConfig(length=2, num_letters=2, max_hops=1, train_examples=200, eval_examples=10)
+    with pytest.raises(ValueError, match="every generated validation example is also a training example"):
+        hop_induction_datasets(tiny, seed=0)
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -68,6 +82,9 @@ def test_run_clm_trains_and_scores_the_task_by_hop_count(tmp_path, capsys):
     metrics = run(CAUSAL_LM, flags)
     assert {"eval_mean_accuracy", "eval_accuracy_hops_1", "eval_accuracy_hops_2"} <= metrics.keys()
     assert "multi-hop accuracy (16 evaluation examples)" in capsys.readouterr().out
+    train_only = [*flags[:6], "--output_dir", str(tmp_path / "trained"), "--do_train", "--max_steps", "1", "--report_to", "none"]
+    trained_alone = run(CAUSAL_LM, train_only)
+    assert "train_loss" in trained_alone and "eval_mean_accuracy" not in trained_alone  # no accuracy to report, no crash
     with pytest.raises(ValueError, match=r"--dataset_name hop_induction .* needs 26 positions; the model has 16"):
         overrides = "n_layer=1,n_embd=16,n_head=2,n_positions=16"
         run(CAUSAL_LM, [*flags[:4], "--config_overrides", overrides, "--output_dir", str(tmp_path / "short"), "--do_train"])

@@ -28,12 +28,15 @@ Everything is generated from a seed: no download.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 from dataclasses import dataclass
 
 import datasets
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+
+logger = logging.getLogger(__name__)
 
 SYMBOLS = ("<pad>", "=", ";", "?")
 IGNORE_INDEX = -100
@@ -166,14 +169,28 @@ def word_level_tokenizer(vocabulary: list[str], pad: str) -> PreTrainedTokenizer
 
 def generated_splits(rows, train_examples: int, eval_examples: int, seed: int) -> datasets.DatasetDict:
     """Train, validation and test of a generated task, `rows(count, seed)` each, from seeds far apart: no split
-    repeats another's stream of examples, and each is the same for the same `seed`."""
-    return datasets.DatasetDict(
-        {
-            "train": datasets.Dataset.from_dict(rows(train_examples, seed)),
-            "validation": datasets.Dataset.from_dict(rows(eval_examples, seed + 1_000_003)),
-            "test": datasets.Dataset.from_dict(rows(eval_examples, seed + 2_000_006)),
-        }
-    )
+    repeats another's stream of examples, and each is the same for the same `seed`. An evaluation example that is
+    also a training example (the settings of a small task allow few distinct examples) is left out, with a warning:
+    a model that memorised it would be scored on it."""
+    train = datasets.Dataset.from_dict(rows(train_examples, seed))
+    seen = {tuple(ids) for ids in train["input_ids"]}
+    splits = {"train": train}
+    for split, offset in (("validation", 1_000_003), ("test", 2_000_006)):
+        examples = datasets.Dataset.from_dict(rows(eval_examples, seed + offset))
+        unseen = [index for index, ids in enumerate(examples["input_ids"]) if tuple(ids) not in seen]
+        if not unseen:
+            raise ValueError(
+                f"every generated {split} example is also a training example: the task's settings allow too few "
+                "distinct examples to hold any out (make them longer or more varied)"
+            )
+        if len(unseen) < eval_examples:
+            logger.warning(
+                f"{eval_examples - len(unseen)} of the {eval_examples} generated {split} examples are also training "
+                "examples (the task's settings allow few distinct examples): they are left out"
+            )
+            examples = examples.select(unseen)
+        splits[split] = examples
+    return datasets.DatasetDict(splits)
 
 
 def multihop_example(config: MultiHopConfig, rng: random.Random) -> tuple[list[str], list[bool], list[int]]:
