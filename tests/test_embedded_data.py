@@ -79,6 +79,16 @@ def test_readme_checksums_match_the_shipped_files():
         assert hashlib.sha256(path.read_bytes()).hexdigest() == listed[str(path.relative_to(DATA_DIR))], path
 
 
+def test_readme_counts_are_those_of_the_loaded_corpus():
+    """Characters and `shakespeare-bpe` tokens per split, as the scripts read them: line by line."""
+    readme = (DATA_DIR / "README.md").read_text()
+    listed = {split: (int(chars.replace(",", "")), int(tokens.replace(",", ""))) for split, chars, tokens in re.findall(r"^\| (train|validation|test) \|[^|]*\| ([\d,]+) \| ([\d,]+) \|$", readme, re.M)}
+    corpus, tokenizer = load_embedded_corpus(), load_embedded_tokenizer("shakespeare-bpe")
+    for split in ("train", "validation", "test"):
+        lines = corpus[split]["text"]
+        assert listed[split] == (sum(map(len, lines)), sum(map(len, tokenizer(list(lines))["input_ids"]))), split
+
+
 def test_every_shipped_play_is_in_exactly_one_split():
     files = embedded_corpus_files()
     assert list(files) == ["train", "validation", "test"]

@@ -65,6 +65,7 @@ def test_no_evaluation_example_is_a_training_example(caplog):
         ("min_hops=4,max_hops=2", r"min_hops \(4\) must not exceed max_hops \(2\)"),
         ("num_letters=1", "num_letters must be at least 2"),
         ("length=0", "hop_induction length must be a positive integer, got 0"),
+        ("min_hops=-1", "hop_induction min_hops must be a non-negative integer, got -1"),
     ],
 )
 def test_bad_task_settings_name_the_setting(text, message):

@@ -39,6 +39,9 @@ def test_card_states_the_map_distinct_blocks_and_parameter_counts_of_the_model(k
     assert set(TAGS) | {f"tied_{kind}", kind} <= set(card.data.tags)
     assert f"`{model.tying_map.render()}`" in card.text
     assert f"{model.tying_map.num_distinct} distinct blocks out of {len(tying_map)}" in card.text
+    untied_here = model.tying_map.num_distinct == len(tying_map)
+    assert ("each with weights of its own" in card.text) == untied_here
+    assert ("the others reuse the weights of an earlier block" in card.text) == (not untied_here)
     for source, blocks in model.tying_map.groups().items():
         assert f"| {source} | {', '.join(map(str, blocks))} |" in card.text
     assert f"| Total | {counts.total:,} |" in card.text

@@ -548,6 +548,13 @@ def test_streaming_mlm_holds_out_a_validation_stream_from_a_train_file_alone(tmp
     assert AutoModelForMaskedLM.from_pretrained(tmp_path).tying_map.to_list() == [0, 1, 0]
 
 
+def test_a_local_dataset_without_train_or_validation_split_is_refused_naming_its_splits(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    write(tmp_path / "corpus" / "test.txt", "only a test split\n")
+    with pytest.raises(ValueError, match=rf"--dataset_name {re.escape(str(tmp_path / 'corpus'))} has the splits test: it needs a 'train' split"):
+        load_text_datasets(dataset_name=str(tmp_path / "corpus"))
+
+
 @pytest.mark.parametrize("source", ["train_file", "embedded"])
 def test_a_stream_without_a_validation_split_holds_out_the_rows_below_the_percentage_modulo_100(tmp_path, source):
     if source == "train_file":

@@ -89,6 +89,7 @@ def test_perplexity_beyond_float_range_is_infinite(perplexity):
         ([float("nan")], [1], r"negative_log_likelihoods\[0\] must be finite"),
         ([1.0], [-2], r"token_counts\[0\] must be >= 0, got -2"),
         ([0.0], [0], "at least one token"),
+        ([2.0, 1.5], [3, 0], r"negative_log_likelihoods\[1\] is 1.5 over token_counts\[1\] = 0 tokens"),
     ],
 )
 def test_perplexity_rejects_bad_input_by_index(perplexity, nlls, counts, message):

@@ -49,9 +49,10 @@ class HopInductionConfig:
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if field.name == "min_hops" else 1):
-                raise ValueError(f"hop_induction {field.name} must be a positive integer, got {value!r}")
+            value, least = getattr(self, field.name), 0 if field.name == "min_hops" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                kind = "a non-negative" if least == 0 else "a positive"
+                raise ValueError(f"hop_induction {field.name} must be {kind} integer, got {value!r}")
         if self.num_letters < 2:
             raise ValueError(f"hop_induction num_letters must be at least 2 (no letter repeats at once), got {self.num_letters}")
         if self.min_hops > self.max_hops:

@@ -51,6 +51,11 @@ def load_text_datasets(
         logger.info("No dataset or files given: using the Shakespeare corpus shipped with hf-layertie")
         raw = load_embedded_corpus(streaming=streaming)
         source = "the embedded Shakespeare corpus"
+    if not {"train", "validation"} & raw.keys():
+        raise ValueError(
+            f"{source} has the splits {', '.join(raw)}: it needs a 'train' split (part of it is held out for "
+            "validation) or a 'validation' split"
+        )
     if "validation" not in raw:
         split = _split_validation_stream if streaming else _split_validation
         raw = split(raw["train"], validation_split_percentage)

@@ -45,6 +45,8 @@ class PerplexityFromNll(evaluate.Metric):
                 raise ValueError(f"negative_log_likelihoods[{index}] must be finite and >= 0, got {nll}")
             if count < 0:
                 raise ValueError(f"token_counts[{index}] must be >= 0, got {count}")
+            if count == 0 and nll > 0:  # a loss over no token: a count and its loss do not belong together
+                raise ValueError(f"negative_log_likelihoods[{index}] is {nll} over token_counts[{index}] = 0 tokens")
         total_tokens = sum(token_counts)
         if total_tokens == 0:
             raise ValueError("token_counts must add up to at least one token, got 0")
