@@ -255,11 +255,19 @@ def test_defaults_of_each_variant():
         ({"agent_seed": 2**70}, r"agent_seed must be an integer \(and below 2\*\*63\)"),
         ({"q_forgetting": 0.0}, r"q_forgetting must be a number in \(0.0, 1.0\]"),
         ({"q_ridge": -1.0}, "q_ridge must be a number in"),
+        ({"q_ridge": 1e-9}, r"q_ridge must be a number in \[1e-06, inf\), got 1e-09"),
     ],
 )
 def test_config_errors_name_the_field_and_what_was_expected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         AgentConfig(**kwargs)
+
+
+@pytest.mark.parametrize("forgetting", [0.98, 1.0])
+def test_the_least_squares_stay_solvable_at_the_smallest_ridge(forgetting):
+    """The trend's features fade to 0 within a few decisions: their prior must keep the factorisation going."""
+    problem = SyntheticTyingProblem.random(8, 3, seed=1)
+    run_synthetic(controller(8, q_ridge=1e-6, q_forgetting=forgetting), problem, decisions=400)
 
 
 @pytest.mark.parametrize(

@@ -268,6 +268,18 @@ def test_commit_after_exploration_stops_deciding_when_exploration_ends(tmp_path)
     assert len({tuple(tying_map) for tying_map in maps.after_step[19:]}) == 1  # steps 20-24 train one map
 
 
+@pytest.mark.parametrize("strategy", ["dlt", "random"])
+def test_a_run_too_short_for_every_block_to_decide_says_so(tmp_path, caplog, strategy):
+    """4 blocks: 3 take turns to decide; 4 steps at k = 2 make 2 decisions."""
+    with caplog.at_level("WARNING"):
+        make_trainer(tmp_path, tying_strategy=strategy, max_steps=4).train()
+    assert f"tying_strategy='{strategy}': 2 decision(s) in 4 steps at tying_interval=2, fewer than the 3 blocks" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        make_trainer(tmp_path / "long", tying_strategy=strategy, max_steps=6).train()
+    assert "fewer than the 3 blocks" not in caplog.text
+
+
 class MapsPerStep(TrainerCallback):
     def __init__(self):
         self.trainer, self.after_step = None, []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Mapping
@@ -16,6 +17,8 @@ from ..models.configuration_tying import TIE_INITS
 from ..models.tying_map import TyingMap
 from ..models.tying_strategies import check_static_spec, resolve_tying_map
 from .base import Decision, Observation, TyingDecisions
+
+logger = logging.getLogger(__name__)
 
 REWARD_SOURCES = ("train", "held_out")
 UNTIE_INITS = ("source", "own")
@@ -139,11 +142,22 @@ class AgentDecisions(TyingDecisions):
         )
 
     def check_run(self, max_steps: int) -> None:
-        """With `commit_after_exploration`, fix the step from which no decision is taken."""
+        """Warn when the run is too short for every block to decide once; with `commit_after_exploration`, fix the
+        step from which no decision is taken."""
+        planned, deciding = self._planned_decisions(max_steps), self.controller.agent.num_blocks - 1
+        if planned < deciding:
+            logger.warning(
+                f"tying_strategy={self.args.tying_strategy!r}: {planned} decision(s) in {max_steps} steps at "
+                f"tying_interval={self.interval}, fewer than the {deciding} blocks that take turns to decide: some "
+                "never decide, and the first decisions explore at random"
+            )
         if self.args.commit_after_exploration:
-            planned = max(1, math.ceil(max_steps / self.interval))
             exploring = math.ceil(self.controller.agent.config.exploration_fraction * planned)
             self._commit_step = exploring * self.interval
+
+    def _planned_decisions(self, max_steps: int) -> int:
+        """Decisions a run of `max_steps` steps takes: one before step 0 and every `interval` steps after."""
+        return max(1, math.ceil(max_steps / self.interval))
 
     def is_due(self, step: int, current: Decision | None) -> bool:
         committed = self._commit_step is not None and step >= self._commit_step
@@ -163,7 +177,7 @@ class AgentDecisions(TyingDecisions):
             return None
         current = observation.current
         index = 0 if current is None else current.index + 1
-        planned = max(1, math.ceil(observation.max_steps / self.interval))
+        planned = self._planned_decisions(observation.max_steps)
         outcome, proposal = self.controller.decide(index, observation.tying_map, planned, window_loss)
         return Decision(
             index=index,

@@ -164,7 +164,8 @@ class AfterstateAgent(TyingAgent):
         return self.value.update(decision.new_map, decision.index, target) ** 2
 
     def advantage(self, decision: Proposal, reward: float) -> float:
-        """How much better `reward` was than the fitted trend at that time (what an average map would get)."""
+        """How much better `reward` was than the fitted trend at that time (what an average map would get), the
+        trend as fitted once this reward is folded in (`TyingController.finish` learns first)."""
         return reward - self.value.trend(decision.index)
 
     def state_dict(self) -> dict:
@@ -182,7 +183,10 @@ class PaperAgent(TyingAgent):
       actions for block `i` (tying to a tied block is offered, and means tying to its root).
     - One online update per decision, no replay buffer, no target network: target
       `reward + gamma * max Q(next map)[the same block's slice]` (the authors' code bootstraps from the
-      deciding block's own slice), predicted `Q(map before)[block][action]`, MSE loss, AdamW.
+      deciding block's own slice), predicted `Q(map before)[block][action]`, MSE loss, AdamW. The max runs over
+      every action of the slice, as in that code, which has no cap: under `max_distinct_blocks` it includes
+      actions the cap forbids (an over-estimate, small where the reward is -10 nearly everywhere), and the last
+      decision of a run bootstraps too, as if training went on.
     - Epsilon multiplies by `epsilon_decay` after every sweep over blocks 1..L-1, down to `epsilon_min`.
     The reward (`clip(-perplexity, -10, 10)`) and the all-tied start are set by `TyingReward` and the trainer.
     """

@@ -46,6 +46,8 @@ VARIANT_DEFAULTS: dict[str, dict[str, float | int]] = {
     },
 }
 _TUNABLE = tuple(sorted({name for defaults in VARIANT_DEFAULTS.values() for name in defaults}))
+# The smallest q_ridge accepted (`AgentConfig._validate`).
+MIN_Q_RIDGE = 1e-6
 
 
 def _variant_help(name: str) -> str:
@@ -142,7 +144,9 @@ class AgentConfig(AgentSettings):
             "epsilon_decay": lambda value: check_real("epsilon_decay", value, 0.0, 1.0, low_open=True),
             "exploration_fraction": lambda value: check_real("exploration_fraction", value, 0.0, 1.0, low_open=True),
             "q_forgetting": lambda value: check_real("q_forgetting", value, 0.0, 1.0, low_open=True),
-            "q_ridge": lambda value: check_real("q_ridge", value, 0.0, math.inf, low_open=True, high_open=True),
+            # Too small a prior lets the trend's fading features make the least squares' float64 factorisation
+            # fail (`AfterstateValue`: 1e-8 failed at decision 20 on 8 blocks; 1e-6 runs 400 decisions).
+            "q_ridge": lambda value: check_real("q_ridge", value, MIN_Q_RIDGE, math.inf, high_open=True),
             "q_hidden_size": lambda value: check_integer("q_hidden_size", value, minimum=1),
             "q_learning_rate": lambda value: check_real("q_learning_rate", value, 0.0, math.inf, low_open=True, high_open=True),
             "q_weight_decay": lambda value: check_real("q_weight_decay", value, 0.0, math.inf, high_open=True),

@@ -26,7 +26,7 @@ from .reward import TyingReward
 @dataclass(frozen=True)
 class Outcome:
     """What followed a proposal: `loss` of the window after it and its `reward` (None when not finite: strict JSON
-    has no NaN), `advantage` (default agent: reward minus the fitted trend) and `q_error` (the squared prediction
+    has no NaN), `advantage` (default agent: reward minus the trend fitted with it) and `q_error` (the squared prediction
     error before the update; None when nothing was learned)."""
 
     loss: float | None

@@ -5,7 +5,9 @@
 
 `loss` is the mean training loss over the `k` optimizer steps after the decision (`reward_source="train"`,
 free: the Trainer computes it anyway, and each batch is scored before the model trains on it) or the loss of a
-fixed held-out batch after those steps (`reward_source="held_out"`).
+fixed held-out batch after those steps (`reward_source="held_out"`). Under knowledge distillation (`distill_from`)
+the training loss is the run's objective, the cross-entropy and the KL to the teacher mixed; a held-out batch is
+scored by its cross-entropy alone.
 
 Why `-loss`: it orders maps at every stage of training, from ~8 nats at initialisation down to ~1. The
 authors' `-perplexity` clipped to [-10, 10] is the constant -10 whenever perplexity > 10, which is nearly all

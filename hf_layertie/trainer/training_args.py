@@ -100,7 +100,8 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         `"clipped_negative_perplexity"`. Defaults to the variant's own (the paper's agent: the clipped perplexity).
     commit_after_exploration (`bool`, dlt with the default agent, defaults to `False`):
         Stop deciding once exploration ends (`exploration_fraction` of the planned decisions) and train the map in
-        force to the end: explore, then commit (the control for what moving between maps costs).
+        force to the end: explore, then commit (the control for what moving between maps costs). Epsilon is still
+        above 0 at the last decisions before it, so the committed map may keep an exploratory move.
     reward_block_cost (`float`, dlt and random, defaults to 0.0):
         Nats of loss one more block owning weights is worth to you (`TyingReward.reward_block_cost`).
     reward_batch_size (`int`, with `reward_source="held_out"` only, defaults to 16):
