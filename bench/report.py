@@ -158,7 +158,7 @@ def row_difference(runs: dict[int, dict], other: dict[int, dict], key: str = "te
     cell then says that it paired fewer seeds than a row shows (its difference is not that of the rows' means)."""
     difference = paired_difference(runs, other, key)
     unmatched = len(runs.keys() ^ other.keys())
-    return difference | {"left_out": unmatched, "left_out_why": "in one row only"} if difference and unmatched else difference
+    return difference | {"left_out": unmatched, "left_out_why": "unmatched"} if difference and unmatched else difference
 
 
 def equivalent(differences: list[float], margin: float) -> bool:

@@ -673,8 +673,8 @@ def test_a_difference_over_fewer_seeds_than_its_rows_says_so():
     shorter = {seed: {"test_loss": 4.1} for seed in range(2)}
     difference = row_difference(longer, shorter)
     assert difference["seeds"] == 2 and difference["mean"] == pytest.approx(-0.05)
-    assert verdict_cell(difference).endswith("[paired on 2 seeds; in one row only on 1]")
-    assert format_value(difference, "difference").endswith("[paired on 2 seeds; in one row only on 1]")
+    assert verdict_cell(difference).endswith("[paired on 2 seeds; unmatched on 1]")
+    assert format_value(difference, "difference").endswith("[paired on 2 seeds; unmatched on 1]")
     assert "left_out" not in row_difference(shorter, {seed: longer[seed] for seed in range(2)})
 
 
