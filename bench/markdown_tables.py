@@ -174,8 +174,8 @@ def verdict_cell(difference: dict | None, qualifier: str = "") -> str:
 
 
 def left_out_note(difference: dict) -> str:
-    """What a paired difference could not pair: `left_out` seeds, for the reason `left_out_why` (e.g. the row and
-    its baseline read different teachers); "" where it paired every seed both have."""
+    """What a paired difference could not pair: `left_out` of the row's seeds, for the reason `left_out_why` (e.g.
+    the row and its baseline read different teachers, or the baseline lacks them); "" where it paired them all."""
     if not difference.get("left_out"):
         return ""
     if "mean" not in difference:

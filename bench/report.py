@@ -154,11 +154,11 @@ def paired_difference(runs: dict[int, dict], baseline: dict[int, dict], key: str
 
 
 def row_difference(runs: dict[int, dict], other: dict[int, dict], key: str = "test_loss") -> dict | None:
-    """`paired_difference` of two rows of a study table, counting in `left_out` the seeds only one of them has: the
-    cell then says that it paired fewer seeds than a row shows (its difference is not that of the rows' means)."""
+    """`paired_difference` of two rows of a study table, counting in `left_out` this row's seeds the other row lacks:
+    the cell then says that it paired fewer seeds than the row shows."""
     difference = paired_difference(runs, other, key)
-    unmatched = len(runs.keys() ^ other.keys())
-    return difference | {"left_out": unmatched, "left_out_why": "unmatched"} if difference and unmatched else difference
+    unmatched = len(runs.keys() - other.keys())
+    return difference | {"left_out": unmatched, "left_out_why": "absent from the other row"} if difference and unmatched else difference
 
 
 def equivalent(differences: list[float], margin: float) -> bool:
@@ -255,7 +255,7 @@ def _ranked(loss: float) -> float:
 
 
 def _lowest_validation_loss(run: dict) -> float:
-    return min(point["validation_loss"] for point in run["validation_curve"])
+    return min((point["validation_loss"] for point in run["validation_curve"]), key=_ranked)
 
 
 def _selection_loss(run: dict) -> float:

@@ -670,12 +670,13 @@ def test_a_difference_over_fewer_seeds_than_its_rows_says_so():
     from bench.report import row_difference, verdict_cell
 
     longer = {seed: {"test_loss": 4.0 + seed / 10} for seed in range(3)}
-    shorter = {seed: {"test_loss": 4.1} for seed in range(2)}
-    difference = row_difference(longer, shorter)
-    assert difference["seeds"] == 2 and difference["mean"] == pytest.approx(-0.05)
-    assert verdict_cell(difference).endswith("[paired on 2 seeds; unmatched on 1]")
-    assert format_value(difference, "difference").endswith("[paired on 2 seeds; unmatched on 1]")
-    assert "left_out" not in row_difference(shorter, {seed: longer[seed] for seed in range(2)})
+    shifted = {seed: {"test_loss": 4.1} for seed in range(1, 5)}  # seeds 1-4: shares 1 and 2, and has 3 and 4 of its own
+    difference = row_difference(longer, shifted)
+    assert difference["seeds"] == 2 and difference["mean"] == pytest.approx(0.05)
+    assert verdict_cell(difference).endswith("[paired on 2 seeds; absent from the other row on 1]")  # seed 0
+    assert format_value(difference, "difference").endswith("[paired on 2 seeds; absent from the other row on 1]")
+    assert row_difference(shifted, longer)["left_out"] == 2  # seeds 3 and 4
+    assert "left_out" not in row_difference({seed: longer[seed] for seed in range(2)}, longer)  # all of the row's paired
 
 
 def test_no_difference_gets_a_size_from_an_equivalence_test_on_losses_only():

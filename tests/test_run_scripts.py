@@ -160,9 +160,10 @@ def test_a_finished_run_run_again_says_so_and_changes_nothing(tmp_path, text_fil
         again = run(CAUSAL_LM, flags)
     assert "already finished at step 6: nothing is trained or changed" in caplog.text
     assert again == first
-    checkpoint = str(tmp_path / "checkpoint-2")  # an explicit checkpoint would train the last steps again: refused
-    with pytest.raises(ValueError, match=rf"--resume_from_checkpoint {re.escape(checkpoint)}: training in .* already finished at step 6"):
-        run(CAUSAL_LM, [*flags, "--resume_from_checkpoint", checkpoint])
+    checkpoint = str(tmp_path / "checkpoint-2")  # named explicitly: said to be unused, nothing trained again
+    with caplog.at_level("WARNING"):
+        assert run(CAUSAL_LM, [*flags, "--resume_from_checkpoint", checkpoint]) == first
+    assert f"--resume_from_checkpoint {checkpoint} is not used (no step is trained again" in caplog.text
     assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == files
 
 
@@ -362,6 +363,7 @@ def test_bad_input_to_run_clm_gives_one_clear_error(tmp_path, text_files, make_f
         ("n_layer=2,wings=3", r"--config_overrides 'n_layer=2,wings=3': key wings isn't in the original config dict"),
         ("n_layer=2,tying_map=0 0", r"--config_overrides 'n_layer=2,tying_map=0 0': tying_map cannot be given among key=value overrides"),
         ("tie_init=3", r"--config_overrides 'tie_init=3': .*tie_init must be one of"),
+        ("n_inner=3", r"--config_overrides 'n_inner=3': You can only update int, float, bool or string values"),
     ],
 )
 def test_bad_config_overrides_are_named(tmp_path, text_files, overrides, message):

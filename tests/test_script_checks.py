@@ -121,7 +121,8 @@ def test_tying_and_distillation_settings_on_an_evaluation_alone_are_refused(tmp_
     evaluation = ["--model_name_or_path", "never-loaded", "--output_dir", str(tmp_path), "--do_eval"]
     with pytest.raises(ValueError, match=rf"^{named} read only in training, and this run does not pass --do_train"):
         parse_arguments(CAUSAL_LM, [*evaluation, *flags])
-    parse_arguments(CAUSAL_LM, [*evaluation, "--tying_strategy", "dlt"])  # the default: nothing is dropped
+    for strategy in ("dlt", "none"):  # the default, and what evaluation runs with: nothing is dropped
+        parse_arguments(CAUSAL_LM, [*evaluation, "--tying_strategy", strategy])
     parse_arguments(CAUSAL_LM, [*evaluation, *flags, "--do_train"])
 
 

@@ -36,8 +36,8 @@ class HopInductionConfig:
         length: letters per example.
         num_letters: the alphabet (`a`, `b`, ...); the authors use 4.
         min_hops, max_hops: each example's `k` is drawn uniformly from min_hops..max_hops.
-        train_examples, eval_examples: rows of the `train` split, and of each of `validation` and `test` (each
-            split from its own seed).
+        train_examples, eval_examples: rows of the `train` split, and generated for each of `validation` and
+            `test` (each split from its own seed; those that are also training examples are left out).
     """
 
     length: int = 64
@@ -110,9 +110,10 @@ def hop_targets(letters: np.ndarray, hops: np.ndarray) -> np.ndarray:
 
 
 def hop_induction_datasets(config: HopInductionConfig, seed: int = 0) -> datasets.DatasetDict:
-    """`train`, `validation` and `test` splits (the evaluation splits `eval_examples` each, for choosing settings on
-    one and reporting the other): `input_ids` (`k`, the letters, padding), `attention_mask`, `labels` (each
-    letter's target one position later, for the causal shift) and `answer_hops` (the example's `k` per label)."""
+    """`train`, `validation` and `test` splits (the evaluation splits up to `eval_examples` each, for choosing
+    settings on one and reporting the other): `input_ids` (`k`, the letters, padding), `attention_mask`, `labels`
+    (each letter's target one position later, for the causal shift) and `answer_hops` (the example's `k` per
+    label)."""
     vocabulary = hop_induction_tokenizer(config).get_vocab()
     letter_ids = np.array([vocabulary[letter] for letter in _letters(config)])
 

@@ -88,7 +88,8 @@ class MultiHopConfig:
         tokens: `"words"` (`c = b ;`, four tokens per assignment, `? c 7` per question) or `"pairs"` (`c=b`, one
             token per assignment, `?c 7` per question).
         queries: `"last"` (the last variable of distinct chains) or `"any"` (any variable, chains may repeat).
-        train_examples, eval_examples: rows of the `train` and `validation` splits (different seeds).
+        train_examples, eval_examples: rows of the `train` split, and generated for each of `validation` and
+            `test` (different seeds; those that are also training examples are left out).
     """
 
     num_chains: int = 6

@@ -149,7 +149,7 @@ class AgentDecisions(TyingDecisions):
             logger.warning(
                 f"tying_strategy={self.args.tying_strategy!r}: {planned} decision(s) in {max_steps} steps at "
                 f"tying_interval={self.interval}, fewer than the {deciding} blocks that take turns to decide: some "
-                "never decide, and the first decisions explore at random"
+                "never decide"
             )
         if self.args.commit_after_exploration:
             exploring = math.ceil(self.controller.agent.config.exploration_fraction * planned)

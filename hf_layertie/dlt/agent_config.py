@@ -75,7 +75,7 @@ class AgentSettings:
         f"default agent: share of decisions over which epsilon falls. {_variant_help('exploration_fraction')}"
     )
     q_forgetting: float | None = _setting(f"default agent: least-squares forgetting. {_variant_help('q_forgetting')}")
-    q_ridge: float | None = _setting(f"default agent: prior precision. {_variant_help('q_ridge')}")
+    q_ridge: float | None = _setting(f"default agent: prior precision, at least 1e-6. {_variant_help('q_ridge')}")
     q_hidden_size: int | None = _setting(f"paper agent: Q-network hidden width. {_variant_help('q_hidden_size')}")
     q_learning_rate: float | None = _setting(f"paper agent: Q-network learning rate. {_variant_help('q_learning_rate')}")
     q_weight_decay: float | None = _setting(f"paper agent: Q-network weight decay. {_variant_help('q_weight_decay')}")
@@ -104,7 +104,7 @@ class AgentConfig(AgentSettings):
             or is still exploring when training ends, and the final map is what the user keeps.
         q_forgetting: default only: weight factor per decision of the least-squares fit (0.98, a memory of about
             50 decisions): the model being trained changes, so old rewards say less about the current one.
-        q_ridge: default only: prior precision of the least-squares weights (1.0).
+        q_ridge: default only: prior precision of the least-squares weights (1.0; at least 1e-6).
         q_hidden_size, q_learning_rate, q_weight_decay: paper only: width of the Q-network's single hidden layer (128)
             and its AdamW settings (1e-3, 0.01), as in the authors' code.
         agent_seed: seed of the agent's own random generator (initialisation and exploration). 0 when `None`;

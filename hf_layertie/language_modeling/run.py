@@ -178,10 +178,10 @@ def _train_and_evaluate(
         else None
     )
     if finished is not None and training_args.resume_from_checkpoint is not None:
-        raise ValueError(
-            f"--resume_from_checkpoint {training_args.resume_from_checkpoint}: training in {output_dir} already "
-            f"finished at step {finished}, so resuming would train its last steps again over its final model. Pass a "
-            "new --output_dir to train from that checkpoint there, or a larger --max_steps to continue the run"
+        logger.warning(
+            f"Training in {output_dir} already finished at step {finished}: --resume_from_checkpoint "
+            f"{training_args.resume_from_checkpoint} is not used (no step is trained again over its final model). To "
+            "train from that checkpoint, pass a new --output_dir; to continue the run, a larger --max_steps"
         )
     if finished is not None:
         missing = _missing_final_outputs(output_dir)

@@ -259,13 +259,14 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
 
     def training_settings_given(self) -> list[str]:
         """The tying and distillation settings these arguments were given (not those a strategy filled in), and
-        `tying_strategy` where it is not the default: what only training reads. An evaluation-only run scores the
+        `tying_strategy` where it is neither the default nor `none`: what only training reads. An evaluation-only run scores the
         model's saved map and loads no teacher, so the scripts refuse them there rather than drop them."""
         return list(self._given_for_training)
 
     def _settings_set_here(self) -> list[str]:
         default_strategy = type(self).__dataclass_fields__["tying_strategy"].default
-        changed = ["tying_strategy"] if self.tying_strategy != default_strategy else []
+        # `none` is what evaluation runs with anyway (`without_tying`).
+        changed = ["tying_strategy"] if self.tying_strategy not in (default_strategy, "none") else []
         return changed + [name for name in (*self.strategy_settings(), *DISTILLATION_SETTINGS) if getattr(self, name) is not None]
 
     def without_tying(self) -> TyingTrainingArguments:
