@@ -248,10 +248,17 @@ def training_arguments(settings: BenchSettings, spec: RunSpec, output_dir: Path)
 # ----- one run -----
 
 
+def missing_device(settings: BenchSettings) -> str | None:
+    """Why these settings cannot train here (a GPU preset without CUDA), or None."""
+    if settings.use_gpu and not torch.cuda.is_available():
+        return "--use_gpu (this preset trains on a GPU) needs a CUDA device, and torch.cuda.is_available() is False here"
+    return None
+
+
 def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
     """Train and measure one run; the JSON-ready result."""
-    if settings.use_gpu and not torch.cuda.is_available():
-        raise RuntimeError("--use_gpu needs a CUDA device, and torch.cuda.is_available() is False here")
+    if problem := missing_device(settings):
+        raise RuntimeError(problem)
     if settings.num_threads is not None:
         torch.set_num_threads(settings.num_threads)
     source = provenance(on_gpu=settings.use_gpu)  # the code this process loaded, not what the tree holds at its end

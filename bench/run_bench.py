@@ -17,13 +17,12 @@ import json
 import sys
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 from transformers import HfArgumentParser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.measure import count_bigram_test_loss, run, task_data  # noqa: E402
+from bench.measure import count_bigram_test_loss, missing_device, run, task_data  # noqa: E402
 from bench.markdown_tables import refresh_markdown  # noqa: E402
 from bench.report import LEARNING_RATES_FILE, load_result, read_learning_rates, write_learning_rates, write_report  # noqa: E402
 from bench.scheduling import RESULT_FILE, Job, run_jobs, single_run_command, write_complete  # noqa: E402
@@ -59,8 +58,8 @@ def main() -> None:
     tuning = read_learning_rates(Path(args.learning_rates_from or output)) if args.tuned_learning_rates else None
     if args.learning_rates_from is not None and tuning is None:
         raise SystemExit(f"--learning_rates_from {args.learning_rates_from}: no {LEARNING_RATES_FILE} there")
-    if settings.use_gpu and not args.report_only and not torch.cuda.is_available():
-        raise SystemExit("--use_gpu (this preset trains on a GPU) needs a CUDA device, and torch.cuda.is_available() is False here")
+    if not args.report_only and (problem := missing_device(settings)):
+        raise SystemExit(problem)
     claim_results_dir(output, settings)
     if args.tune_learning_rates is not None:
         grid = parse_learning_rates(args.tune_learning_rates)

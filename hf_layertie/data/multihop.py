@@ -173,12 +173,12 @@ def generated_splits(rows, train_examples: int, eval_examples: int, seed: int) -
     repeats another's stream of examples, and each is the same for the same `seed`. An evaluation example that is
     also a training example (the settings of a small task allow few distinct examples) is left out, with a warning:
     a model that memorised it would be scored on it."""
-    train = datasets.Dataset.from_dict(rows(train_examples, seed))
+    train = rows(train_examples, seed)
     seen = {tuple(ids) for ids in train["input_ids"]}
-    splits = {"train": train}
+    splits = {"train": datasets.Dataset.from_dict(train)}
     for split, offset in (("validation", 1_000_003), ("test", 2_000_006)):
-        examples = datasets.Dataset.from_dict(rows(eval_examples, seed + offset))
-        unseen = [index for index, ids in enumerate(examples["input_ids"]) if tuple(ids) not in seen]
+        columns = rows(eval_examples, seed + offset)
+        unseen = [index for index, ids in enumerate(columns["input_ids"]) if tuple(ids) not in seen]
         if not unseen:
             raise ValueError(
                 f"every generated {split} example is also a training example: the task's settings allow too few "
@@ -189,8 +189,8 @@ def generated_splits(rows, train_examples: int, eval_examples: int, seed: int) -
                 f"{eval_examples - len(unseen)} of the {eval_examples} generated {split} examples are also training "
                 "examples (the task's settings allow few distinct examples): they are left out"
             )
-            examples = examples.select(unseen)
-        splits[split] = examples
+            columns = {name: [values[index] for index in unseen] for name, values in columns.items()}
+        splits[split] = datasets.Dataset.from_dict(columns)
     return datasets.DatasetDict(splits)
 
 

@@ -112,7 +112,10 @@ def multihop_metrics(scores: dict) -> dict[str, float]:
 
 
 def print_multihop_report(metrics: dict) -> None:
-    """Accuracy per hop count, after training (what `run_clm.py` prints for this task)."""
+    """Accuracy per hop count, after training (what `run_clm.py` prints for this task); nothing for a run that
+    evaluated nothing."""
+    if "eval_mean_accuracy" not in metrics:
+        return
     hops = sorted(int(key.rsplit("_", 1)[1]) for key in metrics if key.startswith("eval_accuracy_hops_"))
     print(f"\n***** multi-hop accuracy ({metrics['eval_samples']} evaluation examples) *****")
     print("  hops      " + "  ".join(f"{hop:>5}" for hop in hops) + "   mean over hops")

@@ -273,8 +273,7 @@ def _train_and_evaluate(
         trainer.push_to_hub()
     if trainer.is_world_process_zero():
         if hop_task:
-            if "eval_mean_accuracy" in metrics:  # a run that trains alone has no accuracy to report
-                print_multihop_report(metrics)
+            print_multihop_report(metrics)
         else:
             _print_report(task, metrics, trainer.model, tokenizer, eval_dataset, data_args.sample_max_new_tokens)
     return metrics

@@ -146,14 +146,8 @@ class TyingConfigMixin:
         return TyingMap(self.tying_map, num_blocks=self.num_hidden_layers)
 
     def _bind(self, model) -> None:
-        """Called by the model built on this config: from now on only `model.retie` changes the map. A model
-        built on a config that drives another gets a copy of it (`TiedBlocksMixin.__init__`)."""
-        bound = self._live_bound_model()
-        if bound is not None and bound is not model:
-            raise ValueError(
-                f"this config already drives a {type(bound).__name__}: build the new model on "
-                f"copy.deepcopy(config), so that re-tying one model cannot change the other's map"
-            )
+        """Called by the model built on this config: from now on only `model.retie` changes the map. Never a
+        second model: one built on a config that drives another gets a copy of it (`TiedBlocksMixin.__init__`)."""
         self._tied_model = weakref.ref(model)
 
     def _live_bound_model(self):

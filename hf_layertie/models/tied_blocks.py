@@ -166,11 +166,12 @@ class TiedBlocksMixin(AdapterExportMixin):
     lean_construction: bool = True
 
     def __init__(self, config, *inputs, **kwargs):
-        if config._live_bound_model() is not None:
+        bound = config._live_bound_model()
+        if bound is not None:
             # A second model on one config (transformers' `Trainer(model_init=...)` builds one while the first is
             # still held) would have its map changed by the first one's `retie`: it gets a copy of its own.
             warnings.warn(
-                f"this config already drives a {type(config._bound_model()).__name__}: the new "
+                f"this config already drives a {type(bound).__name__}: the new "
                 f"{type(self).__name__} is built on a copy of it (its `config` is not the object passed), so that "
                 "re-tying one model cannot change the other's map",
                 stacklevel=2,
@@ -203,8 +204,7 @@ class TiedBlocksMixin(AdapterExportMixin):
         # (`copy.copy`) shares its original's config and blocks: a re-tie through either changes both, and the
         # config, alike, so it stays bound to the original.
         super().__setstate__(state)
-        bound = self.config._live_bound_model()
-        if bound is None or bound.tied_blocks is not self.tied_blocks:
+        if self.config._live_bound_model() is None:
             self.config._bind(self)
 
     @property
