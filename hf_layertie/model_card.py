@@ -104,7 +104,9 @@ def build_model_card(
         eval_results: `{metric: value}` as returned by `Trainer.evaluate()` (attributed to the first of
             `dataset_names`), or `{dataset: {metric: value}}`. Runtime and throughput keys are left out.
         dataset_names: datasets the model was trained on (Hub ids or names); WikiText, LAMBADA and
-            Shakespeare are credited.
+            Shakespeare are credited. The text names them all; the metadata (`datasets:`, `model-index`), which
+            the Hub reads as dataset ids, takes only those that could be one: no local path, no name with spaces
+            such as `"train.txt (local file)"`.
         base_model: the Hub id (or local folder, named in the text only) the model was fine-tuned from; `None`
             for a model trained from scratch.
         tying_plot: the plot of the map over training; the card links its file name, relative to the card.
@@ -127,7 +129,7 @@ def build_model_card(
         tags=[*TAGS, model.config.model_type, untied_class.config_class.model_type],
         # The Hub reads these two as what the model was fine-tuned from and trained on: none without training.
         base_model=None if evaluated_only else hub_base_model,
-        datasets=None if evaluated_only else dataset_names or None,
+        datasets=None if evaluated_only else [name for name in dataset_names if _hub_id(name)] or None,
         metrics=list(dict.fromkeys(_metric_type(row.metric) for row in eval_rows)) or None,
         model_name=model_id if model_index else None,
         eval_results=model_index or None,
@@ -216,7 +218,7 @@ def _metric_type(metric: str) -> str:
 
 
 def _eval_results(rows: list[_EvalRow], task_type: str, task_name: str) -> list[EvalResult]:
-    """The rows that name a dataset, as Hub `model-index` entries (which require one)."""
+    """The rows that name a Hub dataset, as Hub `model-index` entries (which require its id)."""
     return [
         EvalResult(
             task_type=task_type,
@@ -228,7 +230,7 @@ def _eval_results(rows: list[_EvalRow], task_type: str, task_name: str) -> list[
             metric_value=row.value,
         )
         for row in rows
-        if row.dataset is not None
+        if _hub_id(row.dataset)
     ]
 
 
@@ -258,15 +260,16 @@ def _format_value(value) -> str:
     return str(value.value if isinstance(value, Enum) else value)
 
 
-def _hub_id(base_model: str | None) -> str | None:
-    """`base_model` when it names a Hub repo (what the card's metadata and link take), None for a local folder."""
-    if base_model is None or Path(base_model).exists():
+def _hub_id(name: str | None) -> str | None:
+    """`name` when it could name a Hub repo (what the card's metadata and link take), None for a local path or a
+    description."""
+    if name is None or Path(name).exists():
         return None
     try:
-        validate_repo_id(base_model)
+        validate_repo_id(name)
     except HFValidationError:
         return None
-    return base_model
+    return name
 
 
 def _dataset_references(dataset_names: list[str]) -> list[DatasetReference]:

@@ -188,7 +188,9 @@ def load_relaxed_weights(model: TiedBlocksMixin, folder: str) -> None:
     and its adapters, as a relaxed run resumes from its checkpoint or loads its best one.
 
     A folder saved before the ties were relaxed (`holds_adapters` is false) holds the base alone: the adapters then
-    start as a zero update, so that the model computes what the saved one did.
+    start as a zero update, so that the model computes what the saved one did. The model must carry the folder's
+    map already (the trainer re-ties to it first): weights are matched by name, and two maps with the same distinct
+    blocks name the same weights.
     """
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file

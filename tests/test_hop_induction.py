@@ -2,6 +2,7 @@
 run_clm.py trains and scores it by hop count."""
 
 import pytest
+from huggingface_hub import ModelCard
 
 from hf_layertie.data.hop_induction import NO_ANSWER, HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer
 from hf_layertie.data.multihop import IGNORE_INDEX
@@ -83,6 +84,10 @@ def test_run_clm_trains_and_scores_the_task_by_hop_count(tmp_path, capsys):
     metrics = run(CAUSAL_LM, flags)
     assert {"eval_mean_accuracy", "eval_accuracy_hops_1", "eval_accuracy_hops_2"} <= metrics.keys()
     assert "multi-hop accuracy (16 evaluation examples)" in capsys.readouterr().out
+    card = ModelCard.load(tmp_path / "README.md")
+    assert card.data.datasets is None  # a generated task is no Hub dataset
+    every_setting = "length=24,num_letters=4,min_hops=1,max_hops=2,train_examples=64,eval_examples=16"
+    assert f"on hop_induction ({every_setting})" in card.text
     train_only = [*flags[:6], "--output_dir", str(tmp_path / "trained"), "--do_train", "--max_steps", "1", "--report_to", "none"]
     trained_alone = run(CAUSAL_LM, train_only)
     assert "train_loss" in trained_alone and "eval_mean_accuracy" not in trained_alone  # no accuracy to report, no crash

@@ -71,6 +71,17 @@ def test_metadata_has_base_model_datasets_and_eval_results_in_the_model_index(tm
     assert data.metrics == ["loss", "perplexity"]
 
 
+def test_metadata_names_only_hub_datasets_and_the_text_names_every_dataset(tmp_path):
+    names = ["Salesforce/wikitext", "train.txt (local file)", "hop_induction (length=64,max_hops=4)", str(tmp_path)]
+    card = build_model_card(make_model("gpt2"), eval_results={"eval_loss": 2.5}, dataset_names=names[1:] + names[:1])
+
+    assert card.data.datasets == ["Salesforce/wikitext"]
+    assert card.data.eval_results is None  # attributed to the first name, a local file: no Hub id to give
+    assert "| train.txt (local file) | eval_loss | 2.5 |" in card.text
+    for name in names:
+        assert name in card.text
+
+
 def test_eval_results_per_dataset_appear_in_the_table_and_runtime_keys_do_not(tmp_path):
     eval_results = {"lambada": {"accuracy": 0.3125, "perplexity": 41.5}, "wikitext": {"eval_loss": 3.5, "epoch": 2.0}}
     card = ModelCard.load(write_model_card(make_model("gpt2", [0, 0, 0, 3]), tmp_path, eval_results=eval_results))

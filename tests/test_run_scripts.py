@@ -73,6 +73,7 @@ def test_run_clm_trains_evaluates_and_leaves_a_loadable_checkpoint_card_and_plot
     assert model.tying_map.to_list() == (saved_map if saved_map is not None else [0, 1, 2])
     card = (output_dir / "README.md").read_text()
     assert model.tying_map.render() in card and "tying_map.png" in card
+    assert "on train.txt (local file)" in card and "datasets:" not in card  # a file is no Hub dataset
 
 
 def test_run_mlm_trains_a_tied_bert_with_the_embedded_vocabulary(tmp_path, text_files):

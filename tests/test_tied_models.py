@@ -692,6 +692,17 @@ def test_assigning_the_map_of_a_built_model_is_refused_and_changes_nothing(kind,
     assert torch.equal(logits(load_cleanly(kind.tied_class, tmp_path)), expected)
 
 
+def test_the_map_of_a_config_whose_model_is_gone_can_be_assigned_even_if_a_cycle_still_holds_the_model():
+    config = GPT2.make_config([0, 0, 2, 2])
+    model = GPT2.tied_class(config)
+    model.cycle = [model]  # freed only by the garbage collector, as a model held by an exception's traceback
+    del model
+
+    config.tying_map = [0, 1, 2, 2]
+
+    assert GPT2.tied_class(config).tying_map.to_list() == [0, 1, 2, 2]
+
+
 def test_retie_updates_the_config_and_only_configs_no_model_is_built_on_accept_a_map():
     config = GPT2.make_config([0, 0, 2, 2])
     config.tying_map = [0, 1, 2, 2]  # not built on yet

@@ -5,6 +5,7 @@ position (`hf_layertie.data.hop_induction`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import datasets
@@ -56,6 +57,14 @@ def hop_task_config(name: str, config_text: str | None) -> MultiHopConfig | HopI
         return HOP_TASKS[name][0].from_string(config_text)
     except ValueError as error:
         raise ValueError(f"--dataset_config_name {config_text!r}: {error}") from None
+
+
+def hop_task_label(name: str, config_text: str | None) -> str:
+    """How a card names the task: its name and every setting, defaults included (the examples follow from them and
+    the seed), e.g. `hop_induction (length=64,max_hops=4,...)`."""
+    config = hop_task_config(name, config_text)
+    settings = ",".join(f"{field.name}={getattr(config, field.name)}" for field in dataclasses.fields(config))
+    return f"{name} ({settings})"
 
 
 def hop_task_tokenizer(name: str, config_text: str | None) -> PreTrainedTokenizerBase:

@@ -53,7 +53,7 @@ from ..toolkit import (
     unigram_loss,
 )
 from .arguments import DataTrainingArguments
-from .multihop import HOP_TASKS, evaluate_multihop, hop_task_tokenizer, load_hop_task, multihop_metrics, print_multihop_report
+from .multihop import HOP_TASKS, evaluate_multihop, hop_task_label, hop_task_tokenizer, load_hop_task, multihop_metrics, print_multihop_report
 
 logger = logging.getLogger(__name__)
 
@@ -445,9 +445,13 @@ def _saved_metrics(output_dir: str) -> dict[str, float]:
 
 
 def _dataset_label(data_args: DataTrainingArguments) -> str:
+    """How the card names the data. Only a dataset loaded by name is a Hub id (the card's `datasets:` metadata);
+    the others say what they are, so that no file or generated task passes for a Hub dataset."""
+    if data_args.dataset_name in HOP_TASKS:
+        return hop_task_label(data_args.dataset_name, data_args.dataset_config_name)
     if data_args.dataset_name is not None:
         return data_args.dataset_name
     data_file = data_args.train_file or data_args.validation_file
     if data_file is not None:
-        return Path(data_file).name
-    return "shakespeare"
+        return f"{Path(data_file).name} (local file)"
+    return "Shakespeare (embedded in hf-layertie)"

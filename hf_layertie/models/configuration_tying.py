@@ -171,7 +171,7 @@ class TyingConfigMixin:
         return reference() if reference is not None else None
 
     def _refuse_if_bound(self) -> None:
-        model = self._bound_model()
+        model = self._live_bound_model()
         if model is not None:
             raise ValueError(
                 f"config.tying_map cannot be assigned once a {type(model).__name__} is built on the config: "
