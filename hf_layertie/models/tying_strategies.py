@@ -9,7 +9,11 @@ Spec strings (`parse_strategy("cycle:4", num_blocks=12)`):
 - `cycle:U`: U distinct blocks used in turn (`0 1 2 0 1 2 ...`; Takase & Kiyono).
 - `cycle_rev:U`: like `cycle`, the last cycle visited in reverse (`0 1 2 0 1 2 2 1 0`; Takase & Kiyono).
 - `sandwich`: first and last blocks independent, every middle block shares block 1 (Subformer;
-  Reid et al., 2021).
+  Reid et al., 2021). It is the mild loop that paid at equal parameters on k-hop induction: over 5 positions
+  (`0 1 1 1 4`, 3 distinct blocks) it was more accurate than 3 untied blocks on each of 5 seeds, while the same 3
+  blocks looped at the start were less accurate and loops over 6 positions sank on some seeds (`bench/README.md`,
+  "Mild loops at equal parameters"; `python bench/run_bench.py --preset partial-depth`). It computes 5 positions
+  per step: the saving is memory, not time.
 """
 
 from __future__ import annotations
