@@ -2,6 +2,7 @@
 optional extras: `all_results.json`, the saved model and its tokenizer."""
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -88,11 +89,15 @@ def test_a_finished_run_run_again_with_another_strategy_is_refused_not_reported(
 # --- the training metrics of a resumed run ---------------------------------------------------------------------------
 
 
-def test_a_run_resumed_mid_way_reports_the_whole_runs_training_loss(finished_run, text_files, tmp_path):
+def test_a_run_resumed_mid_way_reports_the_whole_runs_training_loss(finished_run, text_files, tmp_path, capsys):
     uninterrupted = finished_run[1]
     folder = copy_of(finished_run, tmp_path)
     lose(folder, "checkpoint-6", *FINAL_SAVE)  # killed after checkpoint-4: it resumes from there
+    capsys.readouterr()
     resumed = run(CAUSAL_LM, training_flags(folder, text_files))
+    printed = capsys.readouterr()
+    closing = re.search(r"\{'train_runtime': [^}]*\}", printed.out + printed.err).group()  # the line the console shows
+    assert f"'train_loss': '{resumed['train_loss']:.4g}'" in closing
     assert resumed["train_loss"] == pytest.approx(uninterrupted["train_loss"], rel=1e-6)
     assert TRAINING_KEYS <= uninterrupted.keys()
     assert resumed.keys() == uninterrupted.keys()

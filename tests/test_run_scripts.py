@@ -151,6 +151,10 @@ def test_a_checkpoint_to_resume_is_refused_naming_what_is_wrong(tmp_path):
     (tmp_path / "checkpoint-6").mkdir()
     with pytest.raises(ValueError, match=r"--resume_from_checkpoint .*checkpoint-6 is incomplete: it has no config.json"):
         checkpoint_to_resume(tmp_path, str(tmp_path / "checkpoint-6"))
+    for name in ("config.json", "trainer_state.json", "model.safetensors"):  # a plain Trainer's checkpoint
+        (tmp_path / "checkpoint-6" / name).write_text("{}")
+    with pytest.raises(ValueError, match=r"checkpoint-6 has no tying_state.pt: its save was interrupted, or a plain Trainer saved it"):
+        checkpoint_to_resume(tmp_path, str(tmp_path / "checkpoint-6"))
 
 
 def test_a_finished_run_run_again_says_so_and_changes_nothing(tmp_path, text_files, caplog):
@@ -556,6 +560,15 @@ def test_a_local_dataset_without_train_or_validation_split_is_refused_naming_its
     write(tmp_path / "corpus" / "test.txt", "only a test split\n")
     with pytest.raises(ValueError, match=rf"--dataset_name {re.escape(str(tmp_path / 'corpus'))} has the splits test: it needs a 'train' split"):
         load_text_datasets(dataset_name=str(tmp_path / "corpus"))
+
+
+def test_training_on_a_dataset_with_a_validation_split_alone_is_refused_naming_it(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write(corpus / "validation.txt", play_lines(40))
+    flags = ["--dataset_name", str(corpus), "--config_overrides", TINY_GPT2, "--block_size", "32", "--report_to", "none"]
+    with pytest.raises(ValueError, match=rf"--dataset_name {re.escape(str(corpus))} has no 'train' split to train on"):
+        run(CAUSAL_LM, [*flags, "--output_dir", str(tmp_path / "trained"), "--do_train"])
 
 
 @pytest.mark.parametrize("source", ["train_file", "embedded"])

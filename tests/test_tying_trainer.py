@@ -8,6 +8,7 @@ import datasets
 import matplotlib.pyplot as plt
 import pytest
 import torch
+import transformers
 from conftest import every_kind, make_tiny_gpt2_config
 from safetensors.torch import load_file
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
@@ -724,6 +725,53 @@ def test_model_init_is_refused_where_the_strategy_ties_the_model_it_was_given(tm
 def test_a_deciding_strategy_on_a_one_block_model_is_refused_naming_the_setting(tmp_path, strategy):
     with pytest.raises(ValueError, match=rf"tying_strategy='{strategy}' decides.* the model has 1 block: .*tying_strategy='none'"):
         make_trainer(tmp_path, model=tiny_model(num_blocks=1), tying_strategy=strategy, max_steps=2)
+
+
+def test_auto_find_batch_size_is_refused_where_the_map_changes(tmp_path):
+    """On running out of memory the Trainer restarts at step 0 with half the batch, the map and decisions not."""
+    with pytest.raises(ValueError, match=r"auto_find_batch_size=True would restart training at step 0.*tying_strategy='dlt'"):
+        make_trainer(tmp_path, tying_strategy="dlt", auto_find_batch_size=True)
+    assert make_trainer(tmp_path, tying_strategy="static:cycle:2", auto_find_batch_size=True, max_steps=2).train().global_step == 2
+
+
+def test_a_save_into_a_folder_an_abandoned_run_left_is_not_complete_until_its_own_tying_state(tmp_path, monkeypatch):
+    """A run resumed from an earlier checkpoint saves again into `checkpoint-N` folders its first run left: killed
+    while saving, that folder must not pass for complete with the first run's tying state."""
+    trainer = make_trainer(tmp_path, tying_strategy="dlt", max_steps=2, save_strategy="steps", save_steps=2)
+    stale = tmp_path / "checkpoint-2" / TYING_STATE_NAME
+    stale.parent.mkdir()
+    stale.write_bytes(b"the abandoned run's")
+
+    def killed_while_saving(self, model, trial):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.Trainer, "_save_checkpoint", killed_while_saving)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert not stale.exists()
+
+
+def test_a_best_checkpoint_deleted_before_the_end_leaves_the_last_weights_as_the_trainer_does(tmp_path):
+    class DeleteCheckpoints(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.global_step == 4:
+                for folder in tmp_path.glob("checkpoint-*"):
+                    shutil.rmtree(folder)
+
+    settings = dict(max_steps=4, eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=2)
+    best = dict(load_best_model_at_end=True, metric_for_best_model="eval_loss")
+    trainer = make_trainer(tmp_path, callbacks=[DeleteCheckpoints()], tying_strategy="dlt", **settings, **best)
+    trainer.train()
+    assert trainer.state.best_model_checkpoint is not None and not (tmp_path / "checkpoint-2").exists()
+    assert trainer.model.tying_map.to_list() == trainer.tying_records[-1]["map"]  # the map the run ended on
+
+
+def test_trainer_card_arguments_the_tied_card_cannot_take_are_named_in_a_warning(tmp_path, caplog):
+    trainer = make_trainer(tmp_path, tying_strategy="static:cycle:2", max_steps=1)
+    trainer.train()
+    trainer.create_model_card(license="mit", tags=["mine"], model_name="org/model")
+    assert "the hf-layertie card does not take license, tags" in caplog.text
+    assert (tmp_path / "README.md").is_file()
 
 
 def test_a_tying_state_without_its_loss_window_is_refused_naming_the_key(tmp_path):

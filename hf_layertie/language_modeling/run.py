@@ -219,6 +219,11 @@ def _train_and_evaluate(
     fit_tokenizer_to_model(tokenizer, model)
     train_dataset = reward_dataset = None
     if training_args.do_train:
+        if "train" not in grouped:  # a dataset with a validation split alone (files: refused above)
+            raise ValueError(
+                f"--dataset_name {data_args.dataset_name} has no 'train' split to train on: to evaluate it alone, pass "
+                f"--do_eval without --do_train"
+            )
         train_dataset = grouped["train"]
         if training_args.reward_source == "held_out":
             train_dataset, reward_dataset = split_reward_examples(train_dataset, training_args.reward_batch_size)

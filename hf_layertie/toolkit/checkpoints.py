@@ -9,7 +9,7 @@ from pathlib import Path
 
 from transformers.trainer import TRAINER_STATE_NAME
 
-from ..trainer.checkpoint_format import checkpoint_step, last_complete_checkpoint, missing_checkpoint_files
+from ..trainer.checkpoint_format import TYING_STATE_NAME, checkpoint_step, last_complete_checkpoint, missing_checkpoint_files
 
 logger = logging.getLogger(__name__)
 
@@ -21,6 +21,12 @@ def checkpoint_to_resume(output_dir: str | Path, resume_from_checkpoint: str | N
         if not Path(resume_from_checkpoint).is_dir():
             raise ValueError(f"--resume_from_checkpoint {resume_from_checkpoint}: no such folder")
         missing = missing_checkpoint_files(resume_from_checkpoint)
+        if missing == [TYING_STATE_NAME]:
+            raise ValueError(
+                f"--resume_from_checkpoint {resume_from_checkpoint} has no {TYING_STATE_NAME}: its save was interrupted, "
+                f"or a plain Trainer saved it (the scripts resume their own checkpoints; TyingTrainer.train("
+                f"resume_from_checkpoint=...) resumes a plain Trainer's with tying_strategy='none')"
+            )
         if missing:
             raise ValueError(f"--resume_from_checkpoint {resume_from_checkpoint} is incomplete: it has no {', '.join(missing)}")
         return str(resume_from_checkpoint)

@@ -151,6 +151,13 @@ class TyingTrainer(Trainer):
         self._draws_plot = args.tying_plot and decisions_class.needs_tied_model and _matplotlib_installed()
         if decisions_class.changes_map and args.ddp_static_graph:
             raise ValueError(f"ddp_static_graph=True cannot follow re-ties; leave it unset with tying_strategy={args.tying_strategy!r}")
+        if decisions_class.changes_map and args.auto_find_batch_size:
+            # On running out of memory the Trainer restarts its loop at step 0 with half the batch, while the map,
+            # the decisions and their history carry on from the attempt that failed.
+            raise ValueError(
+                f"auto_find_batch_size=True would restart training at step 0 under the map the failed attempt left; "
+                f"set per_device_train_batch_size yourself with tying_strategy={args.tying_strategy!r}"
+            )
         num_blocks = len(self.model.tied_blocks) if isinstance(self.model, TiedBlocksMixin) else 0
         self.decisions: TyingDecisions = decisions_class(args, num_blocks)
         if args.lora_rank is not None:  # static and similarity: before the map is applied (similarity's after a warm-up)
@@ -294,18 +301,18 @@ class TyingTrainer(Trainer):
             self._totals, self._sitting_start = self._training_totals(metrics["train_runtime"]), None
             self._finish_decisions()
         metrics.update(self._totals.metrics(self.state.global_step, self._samples_per_step(), self.state.total_flos))
-        self._summarise_in_log_history(metrics)
         if self.distillation is not None:
             metrics["teacher_parameters_mib"] = self.distillation.parameters_mib
         return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
 
-    def _summarise_in_log_history(self, metrics: dict[str, float]) -> None:
-        """Put the whole run's training metrics into the Trainer's closing entry of `log_history` (saved in
-        `trainer_state.json`), which holds this sitting's: one run, one set of numbers, as
-        `TrainingTotals.summarised_in` reads them back."""
-        summary = next((entry for entry in reversed(self.state.log_history) if "train_runtime" in entry), None)
-        if summary is not None:
-            summary.update({key: value for key, value in metrics.items() if key in summary})
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """`Trainer.log`; the closing entry of a sitting (`train_runtime`, `train_loss`, speeds), which `Trainer.train`
+        computes over this sitting's steps only, carries the whole run's instead: the console, the trackers and
+        `trainer_state.json` show the numbers `train` returns. Collective, as the closing entry is logged by all."""
+        if "train_runtime" in logs and self._sitting_start is not None:
+            totals = self._training_totals(logs["train_runtime"])
+            logs = {**logs, **totals.metrics(self.state.global_step, self._samples_per_step(), self.state.total_flos)}
+        super().log(logs, start_time)
 
     def _finish_from(self, checkpoint: str) -> dict[str, float]:
         logger.warning(f"{checkpoint} is at max_steps={self.args.max_steps} already: finishing the run from it, training no step")
@@ -549,6 +556,10 @@ class TyingTrainer(Trainer):
         `push_to_hub`, the checkpoint is pushed once complete, which the Trainer would do before the tying state."""
         run_dir = trainer_output_dir(self, trial)
         folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        if self.args.should_save:
+            # A run resumed from an earlier checkpoint saves again into a folder its first run left: that run's tying
+            # state would make this one look complete while it is half written.
+            Path(folder, TYING_STATE_NAME).unlink(missing_ok=True)
         with _set_aside(self.args, save_total_limit=None, push_to_hub=False) as asked, explain_write_errors(folder):
             super()._save_checkpoint(model, trial)
         self._write_tying_state(folder)
@@ -586,11 +597,13 @@ class TyingTrainer(Trainer):
         to (the Trainer loads the best model before `train` returns)."""
         self._finish_decisions()
         best = self.state.best_model_checkpoint
-        if best and os.path.isdir(best):  # else the Trainer keeps the last weights, with a warning
-            self._best_step_loaded = self.state.best_global_step
-        if self.args.tying_mode != "none" and best:
+        if not (best and os.path.isdir(best)):  # the Trainer keeps the last weights, with a warning
+            super()._load_best_model()
+            return
+        self._best_step_loaded = self.state.best_global_step
+        if self.args.tying_mode != "none":
             self._retie_to_checkpoint(best)
-        if best and self.args.lora_rank is not None and carries_integrated_adapters(self.model):
+        if self.args.lora_rank is not None and carries_integrated_adapters(self.model):
             load_relaxed_weights(self.model, best)  # a best checkpoint from before the map: its adapters at zero
             return
         super()._load_best_model()
@@ -630,10 +643,18 @@ class TyingTrainer(Trainer):
     def create_model_card(self, model_name: str | None = None, eval_results: dict | None = None, **kwargs) -> None:
         """Write the hf-layertie card (map, distinct blocks, parameters, results, plot, loading code) as README.md.
 
-        Called by `Trainer.push_to_hub`; `eval_results` defaults to the last evaluation in the log history.
+        Called by `Trainer.push_to_hub`; `eval_results` defaults to the last evaluation in the log history. The
+        Trainer card's other arguments (`license`, `tags`, `dataset`, ...) have no place in it: a warning names those
+        given (datasets and base model go in `model_card_kwargs`).
         """
         if not isinstance(self.model, TiedBlocksMixin):
             return super().create_model_card(model_name=model_name, **kwargs)
+        unused = sorted(name for name, value in kwargs.items() if value)
+        if unused:
+            logger.warning(
+                f"create_model_card: the hf-layertie card does not take {', '.join(unused)}; they are left out (pass "
+                f"dataset_names and base_model in TyingTrainer(model_card_kwargs=...))"
+            )
         if self.is_world_process_zero():
             self._write_plot_and_card(Path(self.args.output_dir), model_name=model_name, eval_results=eval_results)
 
