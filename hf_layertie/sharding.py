@@ -208,6 +208,7 @@ def _unsharded_replica(model, unsharded_class: type, weights: dict) -> TiedBlock
         dtype, requires_grad = kept[name]
         parameter.data = parameter.data.to(dtype)
         parameter.requires_grad_(requires_grad)
+    _carry_activation_checkpointing(model, replica)
     loaded = replica.load_state_dict(weights, strict=False)
     tied = declared_tied_weights(replica)
     missing = [key for key in loaded.missing_keys if key not in tied]
@@ -217,6 +218,18 @@ def _unsharded_replica(model, unsharded_class: type, weights: dict) -> TiedBlock
             f"missing {missing}, unexpected {loaded.unexpected_keys}"
         )
     return replica.train(model.training)
+
+
+def _carry_activation_checkpointing(model, replica) -> None:
+    """The replica checkpoints the activations of the layers `model` does, with the same function (its kwargs,
+    every_n_layers, offload): a re-tie must not bring back the memory that checkpointing saved."""
+    modules = dict(model.named_modules())
+    for name, module in replica.named_modules():
+        for attribute in ("gradient_checkpointing", "_gradient_checkpointing_func"):
+            if hasattr(modules[name], attribute):
+                setattr(module, attribute, getattr(modules[name], attribute))
+    if hasattr(model, "_require_grads_hook"):  # reentrant checkpointing needs inputs that require gradients
+        replica.enable_input_require_grads()
 
 
 def _load_carried_optimizer_state(model, optimizer, full_state: dict, carried_from: dict[str, str]) -> None:

@@ -11,7 +11,7 @@ import torch
 from conftest import GPT2
 
 from hf_layertie import TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
-from hf_layertie.sharding import retie_sharded, shard_tied_model
+from hf_layertie.sharding import _unsharded_replica, retie_sharded, shard_tied_model
 
 REPO = Path(__file__).resolve().parents[1]
 LOSS_TOLERANCE = 1e-5
@@ -50,8 +50,6 @@ def assert_matches_one_process(measured):
 
 def test_the_replica_of_a_sharded_re_tie_leaves_the_random_generator_alone():
     """A one-process `retie` draws no random number: the sharded one must not either, or dropout would differ."""
-    from hf_layertie.sharding import _unsharded_replica
-
     model = GPT2.tied_model([0, 0, 2, 2])
     state = torch.get_rng_state()
     replica = _unsharded_replica(model, type(model), model.state_dict())
@@ -60,6 +58,19 @@ def test_the_replica_of_a_sharded_re_tie_leaves_the_random_generator_alone():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kwargs", [{"use_reentrant": False}, {"use_reentrant": True}])
+def test_the_replica_of_a_sharded_re_tie_checkpoints_activations_as_the_model_did(kwargs):
+    model = GPT2.tied_model([0, 0, 2, 2])
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    replica = _unsharded_replica(model, type(model), model.state_dict())
+    assert replica.is_activation_checkpointing
+    for block, source in zip(replica.tied_blocks, model.tied_blocks):
+        assert block._gradient_checkpointing_func is source._gradient_checkpointing_func
+    assert hasattr(replica, "_require_grads_hook") == hasattr(model, "_require_grads_hook")
+    replica.train()
+    replica(torch.randint(0, 50, (2, 8)), labels=torch.randint(0, 50, (2, 8))).loss.backward()  # it trains
+
+
 @pytest.mark.parametrize("tying_map", ["[0, 0, 2, 2]", "[0, 1, 0, 1]", "[0, 0, 0, 0]", "[0, 1, 2, 3]", "[0, 1, 0, 0]"])
 def test_a_sharded_static_map_trains_as_one_process(fsdp_run, tying_map):
     _, ranks = fsdp_run
