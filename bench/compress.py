@@ -116,7 +116,9 @@ def main() -> None:
         return
     _claim(output, settings)
     failures = [] if args.report_only else _run_all(settings, output, args.jobs)
-    print(f"\nReport: {write_report(settings, plan(settings), output, args.report())}")
+    # Over the preset's seeds and those given: a lane given `--seeds` must not shrink the folder's report to its own.
+    reported = dataclasses.replace(settings, seeds=tuple(sorted({*PRESETS[args.preset].seeds, *settings.seeds})))
+    print(f"\nReport: {write_report(reported, plan(reported), output, args.report())}")
     refresh_markdown()
     if failures:
         sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))

@@ -13,6 +13,7 @@ sittings, and `--report_only` rewrites the report from whatever has finished. Se
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ from bench.markdown_tables import refresh_markdown  # noqa: E402
 from bench.report import LEARNING_RATES_FILE, load_result, read_learning_rates, write_learning_rates, write_report  # noqa: E402
 from bench.scheduling import RESULT_FILE, Job, run_jobs, single_run_command, write_complete  # noqa: E402
 from bench.settings import (  # noqa: E402
+    PRESETS,
     BenchArguments,
     BenchSettings,
     RunSpec,
@@ -79,7 +81,9 @@ def main() -> None:
     learning_rates = tuning["chosen"] if tuning is not None else None
     with_memory = not args.skip_memory and rows is None
     failures = [] if args.report_only else Scheduler(settings, output, args.jobs, with_memory, not args.memory_only, learning_rates, rows).run()
-    report = write_report(settings, output, tuning, report_dir(args))
+    # Over the preset's seeds and those given: a lane given `--seeds` must not shrink the folder's report to its own.
+    seeds = tuple(sorted({*PRESETS[args.preset].seeds, *settings.seeds}))
+    report = write_report(dataclasses.replace(settings, seeds=seeds), output, tuning, report_dir(args))
     print(f"\nReport: {report}")
     refresh_markdown()
     if failures:

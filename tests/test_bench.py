@@ -69,6 +69,16 @@ def test_every_strategy_has_every_seed_and_a_row(tiny_bench):
 
 
 @pytest.mark.slow
+def test_a_report_written_by_a_lane_given_seeds_still_covers_every_seed(tiny_bench, tmp_path):
+    """Two lanes split a study with `--seeds`: the report either writes covers the folder's runs of every seed."""
+    folder, results = tiny_bench
+    completed = _bench(folder, "--seeds", str(TINY.seeds[0]), "--report_only", "true", "--report_dir", str(tmp_path))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    lane = json.loads((tmp_path / "results.json").read_text())
+    assert {label: row["seeds"] for label, row in lane["rows"].items()} == {label: row["seeds"] for label, row in results["rows"].items()}
+
+
+@pytest.mark.slow
 def test_runs_keep_their_budget_at_every_step(tiny_bench):
     _, results = tiny_bench
     for seed, dlt in results["runs"]["dlt"].items():
