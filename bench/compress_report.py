@@ -21,6 +21,7 @@ from .compress_settings import PRESETS, UPTRAINING_STEPS, CompressSettings, Row,
 from .provenance import source_lines  # noqa: E402
 from .markdown_tables import MIB, estimate  # noqa: E402
 from .report import accuracy_summary, interval, paired_difference, process_peak_name, verdict_cell  # noqa: E402
+from .scheduling import write_whole  # noqa: E402
 
 COLUMN_NAMES = {"best_small": "vs best small", "best_small_same_steps": "same steps"}  # the report's columns
 
@@ -41,7 +42,8 @@ def collect(rows: list[Row], seeds: tuple[int, ...], output: Path) -> dict[str, 
 def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[int, ...] | None = None) -> dict:
     """Per row: its test loss and memory, and its paired differences to the best "train small" row of its family,
     of all and of the row's own steps (`best_small`, `best_small_by_steps`); and per family the rows that competed
-    (`small_candidates`) and those that could but have not finished (`small_not_competing`). With `seeds` (the
+    (`small_candidates`) and those that could but have not finished (`small_not_competing`); the rows with no
+    finished run (`not_run`). With `seeds` (the
     preset's), only rows finished on every seed they run compete, while any has."""
     families = list(dict.fromkeys(row.model_type for row in rows))
     candidates = {family: _small_candidates(rows, table, family, seeds) for family in families}
@@ -88,6 +90,7 @@ def summarise(rows: list[Row], table: dict[str, dict[int, dict]], seeds: tuple[i
         "small_candidates": candidates,
         "small_not_competing": waiting,
         "rows": summary,
+        "not_run": [row.label for row in rows if not table[row.label]],  # no finished run: no line in the table
     }
 
 
@@ -113,15 +116,20 @@ def _pairable_seeds(runs: dict[int, dict], others: dict[int, dict]) -> list[int]
 
 def _paired(runs: dict[int, dict], table: dict[str, dict[int, dict]], baseline: str | None, key: str = "test_loss") -> dict | None:
     """`runs` paired by seed with the baseline's runs on `key`, on the seeds where both read one teacher
-    (`_one_teacher`); the seeds left out for reading another are counted in `left_out`. None without a baseline or
+    (`_one_teacher`); the row's seeds left out, for reading another or for lacking the baseline's run, are counted in
+    `left_out` (`left_out_why` says which). None without a baseline, one with no run yet, or
     where it lacks `key` (a row run before accuracy was recorded)."""
-    if baseline is None or not all(key in run for run in table[baseline].values()):
+    if baseline is None or not table[baseline] or not all(key in run for run in table[baseline].values()):
         return None
     others = table[baseline]
     pairable = {seed: runs[seed] for seed in _pairable_seeds(runs, others)}
-    left_out = len(runs.keys() & others.keys()) - len(pairable)
+    other_teacher = len(runs.keys() & others.keys()) - len(pairable)
+    absent = len(runs.keys() - others.keys())  # mid-study, a baseline not finished on every seed yet
+    reasons = [why for why, count in (("another teacher", other_teacher), ("absent from the baseline", absent)) if count]
     difference = paired_difference(pairable, others, key=key) or {}
-    return (difference | {"left_out": left_out, "left_out_why": "another teacher"}) if left_out else difference or None
+    if not reasons:
+        return difference or None
+    return difference | {"left_out": other_teacher + absent, "left_out_why": " or ".join(reasons)}
 
 
 def _one_teacher(run: dict, other: dict) -> bool:
@@ -181,8 +189,8 @@ def write_report(settings: CompressSettings, rows: list[Row], output: Path, repo
     records = [run for label in table for run in table[label].values()]
     report_dir.mkdir(parents=True, exist_ok=True)
     payload = {"settings": json.loads(settings.fingerprint()), "seeds": list(settings.seeds), **summary, "records": records}
-    (report_dir / "results.json").write_text(json.dumps(payload, indent=2))
-    (report_dir / "results.md").write_text(_markdown(settings, summary, records))
+    write_whole(report_dir / "results.json", json.dumps(payload, indent=2))
+    write_whole(report_dir / "results.md", _markdown(settings, summary, records))
     _plot(rows, summary, report_dir / "results.png")
     return report_dir / "results.md"
 
@@ -285,6 +293,8 @@ def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) ->
             f"{row['distinct_peak']} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} | {row['train_seconds']:.0f} | "
             f"{_export_cell(row['export_logit_difference'])} |"
         )
+    if summary["not_run"]:
+        lines += ["", f"Rows of the plan with no finished run, so not in the table: {'; '.join(summary['not_run'])}."]
     lines += _accuracy_lines(summary["rows"])
     lines += _distillation_lines(summary["rows"])
     lines += source_lines(records) + [""]

@@ -43,6 +43,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
+from bench.scheduling import write_whole  # noqa: E402
+
 MIB = 2**20
 UNITS = {"MiB": MIB}  # a column's `unit`: what its values, in bytes, are divided by
 BLOCK = re.compile(r"^<!-- generated (\{[^\n]*\}) -->\n(.*?)^<!-- end generated -->$", re.MULTILINE | re.DOTALL)
@@ -239,7 +241,7 @@ def refresh_markdown(root: Path = REPO_ROOT, strict: bool = False) -> list[Path]
             print(f"warning: {path.relative_to(root)}: tables left as they were: {error}")
             continue
         if new != text:
-            path.write_text(new)
+            write_whole(path, new)
             updated.append(path)
             print(f"updated the tables of {path.relative_to(root)}")
     return updated

@@ -25,6 +25,7 @@ from .markdown_tables import MIB, estimate  # noqa: E402
 from .markdown_tables import verdict_cell as _plain_verdict_cell  # noqa: E402
 from .measure import evaluation_coverage  # noqa: E402
 from .provenance import hardware, source, source_lines  # noqa: E402
+from .scheduling import write_whole  # noqa: E402
 from .settings import (  # noqa: E402
     FINAL_MAP_LABEL,
     RECIPE_REPORT,
@@ -91,7 +92,7 @@ def write_learning_rates(output: Path, settings: BenchSettings, grid: tuple[floa
         "validation_loss": losses, "selected_test_loss": selected, "chosen": chosen,
     }  # fmt: skip
     path = output / LEARNING_RATES_FILE
-    path.write_text(json.dumps(tuning, indent=2))
+    write_whole(path, json.dumps(tuning, indent=2))
     return path
 
 
@@ -386,7 +387,7 @@ def write_report(settings: BenchSettings, output: Path, tuning: dict | None = No
     }
     report_dir = output if report_dir is None else report_dir
     report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / "results.json").write_text(json.dumps(payload, indent=2))
+    write_whole(report_dir / "results.json", json.dumps(payload, indent=2))
     _plot_quality(summary["rows"], baselines["bigram_test_loss"], report_dir / "quality_vs_distinct.png", by_positions=settings.partial_loops)
     if settings.task is not None:
         _plot_accuracy(summary["rows"], report_dir / "accuracy_by_hops.png")
@@ -396,7 +397,7 @@ def write_report(settings: BenchSettings, output: Path, tuning: dict | None = No
     if settings.eval_interval:
         _plot_validation(settings, summary, table, report_dir / "validation_over_steps.png")
     report = report_dir / "results.md"
-    report.write_text((_partial_loop_markdown if settings.partial_loops else _markdown)(settings, payload))
+    write_whole(report, (_partial_loop_markdown if settings.partial_loops else _markdown)(settings, payload))
     return report
 
 

@@ -77,8 +77,14 @@ class Job:
 
 def write_complete(path: Path, record: dict) -> None:
     """Write `record` as JSON to `path` whole or not at all: a run's result file is what marks it finished."""
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(record, indent=2))
+    write_whole(path, json.dumps(record, indent=2))
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all, so that a reader (another lane, a report) never sees part of it
+    and a kill leaves the former file; the temporary file is this process's own, for two lanes writing one file."""
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text)
     os.replace(temporary, path)
 
 

@@ -884,6 +884,7 @@ def test_compress_pairs_only_runs_that_read_one_teacher_and_names_the_baseline_i
     from bench.compress_report import _markdown, summarise
     from bench.compress_settings import PRESETS as COMPRESS_PRESETS
     from bench.compress_settings import plan
+    from bench.report import verdict_cell
 
     rows = {row.label: row for row in plan(COMPRESS_PRESETS["tiny"]) if row.model_type == "tied_gpt2"}
     converted, distilled = "converted, sequence, mean", "converted, sequence, mean, relaxed r = 8 (svd init), distilled"
@@ -925,13 +926,13 @@ def test_compress_pairs_only_runs_that_read_one_teacher_and_names_the_baseline_i
     table[distilled], table[short] = {2: table[distilled][0]}, table[short] | {2: table[short][0]}
     row = summarise(list(rows.values()), table)["rows"][distilled]
     assert row["paired_with"]["best_small_same_steps"] == pruned and row["paired_instead_with"] == {}
-    assert row["versus_best_small_same_steps"] is None
+    assert verdict_cell(row["versus_best_small_same_steps"]) == "not paired: absent from the baseline on 1 seeds"
 
 
 def test_compress_report_names_its_command_refuses_cutting_other_families_and_keeps_the_largest_export_difference():
     """The report's command reruns its settings (`--task` included); a teacher of another family than GPT-2 is not
     cut down; the export column holds the largest difference measured, whatever order the seeds come in."""
-    from bench.compress_report import _command, summarise
+    from bench.compress_report import _command, _markdown, summarise
     from bench.compress_settings import PRESETS as COMPRESS_PRESETS
     from bench.compress_settings import Row, plan
 
@@ -947,6 +948,11 @@ def test_compress_report_names_its_command_refuses_cutting_other_families_and_ke
         runs = [run | {"export_logit_difference": 0.5}, dict(run)]  # the second recorded before the column existed
         table = {row.label: dict(enumerate(runs if measured_first else runs[::-1])) for row in rows}
         assert all(row["export_logit_difference"] == 0.5 for row in summarise(rows, table)["rows"].values())
+
+    table[rows[-1].label] = {}  # a row that crashed on every seed is named, not dropped in silence
+    summary = summarise(rows, table)
+    assert summary["not_run"] == [rows[-1].label] and rows[-1].label not in summary["rows"]
+    assert f"no finished run, so not in the table: {rows[-1].label}." in _markdown(COMPRESS_PRESETS["tiny"], summary, [])
 
 
 def test_a_paired_difference_says_how_many_seeds_it_left_out_for_another_teacher():
@@ -964,6 +970,11 @@ def test_a_paired_difference_says_how_many_seeds_it_left_out_for_another_teacher
     assert format_value(partly, "difference").endswith("[paired on 2 seeds; another teacher on 1]")
     none = _paired(runs([4.2, 4.2], [3.9, 4.0]), table, "baseline")
     assert verdict_cell(none) == format_value(none, "verdict") == "not paired: another teacher on 2 seeds"
+    table["baseline"].pop(2)  # mid-study: the baseline has not finished seed 2
+    unfinished = _paired(runs([4.3, 4.3, 4.3], [3.9, 4.0, 4.1]), table, "baseline")
+    assert verdict_cell(unfinished).endswith("[paired on 2 seeds; absent from the baseline on 1]")
+    both = _paired(runs([4.3, 4.2, 4.3], [3.9, 4.0, 4.1]), table, "baseline")
+    assert verdict_cell(both).endswith("[paired on 1 seeds; another teacher or absent from the baseline on 2]")
 
 
 @pytest.mark.parametrize(
