@@ -191,6 +191,12 @@ def test_a_teacher_with_another_vocabulary_size_is_refused_naming_both(tmp_path)
         distilled_trainer(tmp_path / "run", tmp_path / "teacher")
 
 
+def test_a_teacher_with_a_shorter_context_than_the_batches_is_refused_naming_it(tmp_path):
+    student_model(n_positions=8).save_pretrained(tmp_path / "teacher")  # the rows hold 16 tokens
+    with pytest.raises(ValueError, match=r"distill_from .*teacher: the teacher reads 8 positions, and the batches hold 16 tokens"):
+        distilled_trainer(tmp_path / "run", tmp_path / "teacher").train()
+
+
 def test_a_teacher_with_another_tokenizer_is_refused_naming_both(tmp_path):
     student_tokenizer = AutoTokenizer.from_pretrained(embedded_tokenizer_dir("shakespeare-bpe"))
     teacher_tokenizer = AutoTokenizer.from_pretrained(embedded_tokenizer_dir("shakespeare-wordpiece"))

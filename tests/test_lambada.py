@@ -285,7 +285,7 @@ def test_blank_lines_are_skipped(tmp_path):
 
 
 def test_missing_file_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="LAMBADA file not found: .*nowhere.jsonl"):
+    with pytest.raises(FileNotFoundError, match="--lambada_file .*nowhere.jsonl: no such file"):
         read_lambada_jsonl(tmp_path / "nowhere.jsonl")
 
 
@@ -356,6 +356,7 @@ def test_causal_lm_examples_train_through_the_standard_collator(memorising_model
         (["--do_eval", "--eval_fraction", "0.2"], "--eval_fraction is read only with --do_train"),
         (["--do_train", "--do_eval", "false", "--max_eval_passages", "5"], "--max_eval_passages is read only with --do_eval"),
         (["--do_eval", "--tying_strategy", "static:all"], "--tying_strategy is read only in training, and this run does not pass --do_train"),
+        (["--do_train", "--eval_fraction", "1.5"], r"--eval_fraction must be strictly between 0 and 1, got 1.5"),
     ],
 )
 def test_run_lambada_refuses_a_setting_its_run_would_not_read(tmp_path, flags, message):

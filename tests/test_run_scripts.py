@@ -76,6 +76,13 @@ def test_run_clm_trains_evaluates_and_leaves_a_loadable_checkpoint_card_and_plot
     assert "on train.txt (local file)" in card and "datasets:" not in card  # a file is no Hub dataset
 
 
+def test_a_model_whose_context_the_sample_prompt_fills_finishes_without_a_sample(tmp_path, text_files, capsys):
+    overrides = "n_layer=2,n_embd=16,n_head=2,n_positions=16"
+    metrics = run(CAUSAL_LM, tiny_flags(tmp_path, text_files, overrides, "--block_size", "16", "--max_steps", "2"))
+    assert math.isfinite(metrics["eval_loss"])
+    assert "[model]  (none: the prompt fills the model's context)" in capsys.readouterr().out
+
+
 def test_run_mlm_trains_a_tied_bert_with_the_embedded_vocabulary(tmp_path, text_files):
     metrics = run(MASKED_LM, tiny_flags(tmp_path, text_files, TINY_BERT, "--tying_strategy", "static:cycle:2"))
     assert metrics["perplexity"] == pytest.approx(math.exp(metrics["eval_loss"]))

@@ -57,6 +57,8 @@ class LambadaArguments:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"--{name} must be a positive integer, got {value!r}")
+        if not 0 < self.eval_fraction < 1:
+            raise ValueError(f"--eval_fraction must be strictly between 0 and 1, got {self.eval_fraction}")
 
 
 def run_lambada(argv: list[str] | None = None) -> dict[str, float]:

@@ -378,6 +378,8 @@ def _generated_sample(model, tokenizer, block: list[int], max_new_tokens: int) -
     `max_new_tokens` or the model's context, whichever comes first."""
     prompt = torch.tensor([block[:16]], device=model.device)
     max_new_tokens = min(max_new_tokens, model.config.max_position_embeddings - prompt.shape[1])
+    if max_new_tokens < 1:
+        return f"[prompt] {tokenizer.decode(block[:16])}\n[model]  (none: the prompt fills the model's context)"
     torch.manual_seed(SAMPLE_SEED)
     model.eval()
     with torch.no_grad():

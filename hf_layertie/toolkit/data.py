@@ -100,7 +100,10 @@ def _split_validation(train: datasets.Dataset, percentage: int) -> datasets.Data
     """The last `percentage`% of rows become the validation split (fixed, no shuffling)."""
     num_validation = max(1, len(train) * percentage // 100)
     if num_validation >= len(train):
-        raise ValueError(f"Too little data ({len(train)} rows) to hold out {percentage}% for validation")
+        raise ValueError(
+            f"Too little data ({len(train)} rows) to hold out --validation_split_percentage {percentage}% for "
+            "validation: give more data, or a validation split of its own (--validation_file)"
+        )
     return datasets.DatasetDict(
         {
             "train": train.select(range(len(train) - num_validation)),

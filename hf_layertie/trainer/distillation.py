@@ -97,6 +97,13 @@ class Distillation:
         batch's device: the Trainer places some students only when training starts (`bf16_full_eval`, model
         parallelism), after the teacher was loaded beside them."""
         teacher_inputs = {name: inputs[name] for name in TEACHER_INPUTS if name in inputs}
+        length, positions = teacher_inputs["input_ids"].shape[-1], getattr(self.teacher.config, "max_position_embeddings", None)
+        if positions is not None and length > positions:
+            raise ValueError(
+                f"distill_from {self.source}: the teacher reads {positions} positions, and the batches hold {length} "
+                f"tokens per row: train on blocks of at most {positions} tokens (--block_size), or distil from a "
+                f"teacher with a longer context"
+            )
         device = teacher_inputs["input_ids"].device
         if self.teacher.device != device:
             self.teacher.to(device)
