@@ -4,7 +4,8 @@
 
     python run_lambada.py --model_name_or_path outputs/tied-gpt2-shakespeare --do_eval --output_dir outputs/lambada-eval
     python run_lambada.py --model_name_or_path outputs/tied-gpt2-shakespeare \\
-        --lambada_file lambada_test.jsonl --do_train --do_eval --max_steps 200 --output_dir outputs/lambada-ft
+        --lambada_file lambada_test.jsonl --do_train --do_eval --tying_strategy none --max_steps 200 \\
+        --output_dir outputs/lambada-ft  # the checkpoint's own map (dlt, the default, restarts from all tied to 0)
     python run_lambada.py --help
 """
 

@@ -349,6 +349,14 @@ def test_causal_lm_examples_train_through_the_standard_collator(memorising_model
     assert torch.isfinite(loss) and loss.item() > 0
 
 
+def test_fine_tuning_over_a_finished_run_without_checkpoints_is_refused_before_loading_anything(tmp_path):
+    from hf_layertie.lambada.run import run_lambada
+
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 10}))
+    with pytest.raises(ValueError, match=r"holds a run trained to step 10, and no checkpoint-N to continue it from"):
+        run_lambada(["--model_name_or_path", "someone/never-loaded", "--output_dir", str(tmp_path), "--do_train"])
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
@@ -357,6 +365,7 @@ def test_causal_lm_examples_train_through_the_standard_collator(memorising_model
         (["--do_train", "--do_eval", "false", "--max_eval_passages", "5"], "--max_eval_passages is read only with --do_eval"),
         (["--do_eval", "--tying_strategy", "static:all"], "--tying_strategy is read only in training, and this run does not pass --do_train"),
         (["--do_train", "--eval_fraction", "1.5"], r"--eval_fraction must be strictly between 0 and 1, got 1.5"),
+        (["--do_train", "--eval_strategy", "steps"], r"--eval_strategy steps: run_lambada scores the held-out passages once"),
     ],
 )
 def test_run_lambada_refuses_a_setting_its_run_would_not_read(tmp_path, flags, message):

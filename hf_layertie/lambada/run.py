@@ -25,6 +25,7 @@ from ..toolkit import (
     load_tokenizer,
     parse_command_line,
     process_group_ended,
+    refuse_training_over,
     refuse_training_settings_without_training,
     resolve_block_size,
     set_up_logging,
@@ -77,8 +78,19 @@ def _evaluate_and_fine_tune(
     if not (training_args.do_train or training_args.do_eval):
         raise ValueError("Nothing to do: pass --do_eval, --do_train or both")
     _refuse_unread(lambada_args, training_args)
+    if training_args.eval_strategy != "no":
+        raise ValueError(
+            f"--eval_strategy {training_args.eval_strategy.value}: run_lambada scores the held-out passages once, after "
+            f"fine-tuning (--do_eval), by the LAMBADA protocol, and holds no evaluation set to score during it; leave "
+            f"--eval_strategy at 'no'"
+        )
     refuse_training_settings_without_training(training_args)
     set_up_logging(training_args.get_process_log_level())
+    resume = None
+    if training_args.do_train:  # before any model or data is loaded: a run this command may not continue is refused
+        resume = checkpoint_to_resume(training_args.output_dir, training_args.resume_from_checkpoint)
+        if resume is None:
+            refuse_training_over(training_args.output_dir)
     set_seed(training_args.seed)
 
     passages = read_lambada_jsonl(lambada_args.lambada_file)
@@ -93,7 +105,7 @@ def _evaluate_and_fine_tune(
 
     if training_args.do_train:
         train_passages, eval_passages = lambada_finetune_split(passages, lambada_args.eval_fraction)
-        trainer = _fine_tune(model, tokenizer, train_passages, lambada_args, training_args, card)
+        trainer = _fine_tune(model, tokenizer, train_passages, lambada_args, training_args, card, resume)
     else:
         eval_passages = passages
         # Evaluation only: no tying decision runs, the checkpoint's own map is scored as it is.
@@ -138,7 +150,7 @@ def _refuse_unread(lambada_args: LambadaArguments, training_args: TyingTrainingA
             raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} read only with --{stage}, which this run does not pass")
 
 
-def _fine_tune(model, tokenizer, passages, lambada_args, training_args, card) -> TyingTrainer:
+def _fine_tune(model, tokenizer, passages, lambada_args, training_args, card, resume: str | None) -> TyingTrainer:
     if tokenizer.pad_token is None:  # GPT-2 has none; padding positions are masked out of the loss
         tokenizer.pad_token = tokenizer.eos_token
     block_size = resolve_block_size(lambada_args.block_size, model.config.max_position_embeddings)
@@ -155,7 +167,6 @@ def _fine_tune(model, tokenizer, passages, lambada_args, training_args, card) ->
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
         model_card_kwargs=card,
     )
-    resume = checkpoint_to_resume(training_args.output_dir, training_args.resume_from_checkpoint)
     result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()
     trainer.log_metrics("train", result.metrics)
