@@ -569,6 +569,12 @@ def test_a_local_dataset_without_train_or_validation_split_is_refused_naming_its
         load_text_datasets(dataset_name=str(tmp_path / "corpus"))
 
 
+def test_a_block_size_beyond_the_model_s_context_is_refused_before_any_data_is_read(tmp_path):
+    flags = ["--dataset_name", str(tmp_path / "never-read"), "--config_overrides", TINY_GPT2, "--block_size", "64"]
+    with pytest.raises(ValueError, match=r"--block_size 64 is larger than the model's context of 32 positions"):
+        run(CAUSAL_LM, [*flags, "--output_dir", str(tmp_path / "run"), "--do_train", "--report_to", "none"])
+
+
 def test_training_on_a_dataset_with_a_validation_split_alone_is_refused_naming_it(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -285,7 +285,13 @@ def _train_and_evaluate(
 
 
 def _text_data_and_model(task: LanguageModelingTask, model_args: ModelArguments, data_args: DataTrainingArguments):
-    """Text from a dataset, files or the embedded corpus, its tokenizer and the model, tokenized into blocks."""
+    """Text from a dataset, files or the embedded corpus, its tokenizer and the model, tokenized into blocks. The
+    tokenizer and the model come first: what is wrong with them (a model type, a context shorter than --block_size)
+    is reported before a dataset is downloaded and read."""
+    flag, name = _tokenizer_source(model_args, task)
+    tokenizer = load_tokenizer(name, masked=task.masked, flag=flag, **model_args.hub_options)
+    model = _load_model(task, model_args, tokenizer)
+    block_size = resolve_block_size(data_args.block_size, model.config.max_position_embeddings)
     raw = load_text_datasets(
         data_args.dataset_name,
         data_args.dataset_config_name,
@@ -296,10 +302,6 @@ def _text_data_and_model(task: LanguageModelingTask, model_args: ModelArguments,
         model_args.cache_dir,
         streaming=data_args.streaming,
     )
-    flag, name = _tokenizer_source(model_args, task)
-    tokenizer = load_tokenizer(name, masked=task.masked, flag=flag, **model_args.hub_options)
-    model = _load_model(task, model_args, tokenizer)
-    block_size = resolve_block_size(data_args.block_size, model.config.max_position_embeddings)
     grouped = tokenize_and_group(
         raw,
         tokenizer,
