@@ -16,12 +16,14 @@ strategy's map is applied (static, similarity): `--lora_rank` in the scripts.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
 import warnings
 
 import torch
+import transformers
 from torch import nn
 from transformers.utils import ADAPTER_SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
@@ -49,8 +51,19 @@ def check_lora_settings(lora_rank, lora_init) -> None:
 
 
 def _require_peft() -> None:
+    """PEFT, at a version the installed transformers integrates (newer transformers refuse older PEFT only inside
+    `add_adapter`, when the map is applied: after `similarity`'s warm-up)."""
     if importlib.util.find_spec("peft") is None:
         raise ImportError("lora_rank (relaxed ties) needs PEFT: pip install 'hf-layertie[peft]'")
+    from packaging.version import Version
+    from transformers.integrations import peft as peft_integration
+
+    installed, needed = importlib.metadata.version("peft"), getattr(peft_integration, "MIN_PEFT_VERSION", "0")
+    if Version(installed) < Version(needed):
+        raise ImportError(
+            f"lora_rank (relaxed ties) needs PEFT {needed} or newer with transformers {transformers.__version__}; "
+            f"PEFT {installed} is installed: pip install 'hf-layertie[peft]'"
+        )
 
 
 def check_lora_rank(model: TiedBlocksMixin, lora_rank: int, num_distinct: int) -> None:
@@ -112,7 +125,10 @@ def relax_ties(
     if lora_init == "svd" and weights_before is None:
         raise ValueError("lora_init='svd' needs weights_before: the weights each block used before its map was applied")
     if carries_integrated_adapters(model) or model.adapted_blocks():
-        raise ValueError("the model carries PEFT adapters already: relaxed ties add their own to a model without any")
+        raise ValueError(
+            "the model carries PEFT adapters already (a relaxed checkpoint, say): relaxed ties add their own to a model "
+            "without any. Train it as it is, without lora_rank, or relax its plain export (to_untied()) again"
+        )
     trainable = {parameter: parameter.requires_grad for parameter in model.parameters()}
     targets = _block_linear_modules(model)
     config = LoraConfig(

@@ -232,6 +232,25 @@ def test_the_export_leaves_out_disabled_adapters_as_the_model_does():
     torch.testing.assert_close(logits(model.to_untied()), logits(model), rtol=1e-5, atol=1e-6)
 
 
+def test_the_export_of_a_reloaded_relaxed_model_is_trainable_throughout(tmp_path):
+    """Loading adapters freezes every base weight; the export, a merged model, trains as any plain model."""
+    model, _, _ = converted(GPT2, lora_rank=2)
+    model.save_pretrained(tmp_path)
+    reloaded = load_cleanly(GPT2.auto_class, tmp_path)
+    assert not any(parameter.requires_grad for name, parameter in reloaded.named_parameters() if "lora_" not in name)
+    assert all(parameter.requires_grad for parameter in reloaded.to_untied().parameters())
+
+
+def test_a_peft_older_than_transformers_integrates_is_refused_naming_both(monkeypatch):
+    from transformers.integrations import peft as peft_integration
+
+    from hf_layertie.relaxed_ties import check_lora_settings
+
+    monkeypatch.setattr(peft_integration, "MIN_PEFT_VERSION", "99.0")
+    with pytest.raises(ImportError, match=r"lora_rank \(relaxed ties\) needs PEFT 99.0 or newer with transformers .*; PEFT .* is installed"):
+        check_lora_settings(8, "svd")
+
+
 def test_run_clm_relaxes_a_converted_checkpoint_and_exports_it_for_stock_transformers(tmp_path, text_files, trained_plain_checkpoint):
     extra = ("--tying_strategy", "static:sequence:2", "--tie_init", "mean", "--lora_rank", "2")
     flags = [flag for flag in tiny_flags(tmp_path / "run", text_files, "", *extra) if flag not in ("--config_overrides", "")]

@@ -5,6 +5,7 @@ The properties run on random valid maps for every model class; models are tiny (
 """
 
 import copy
+import importlib.util
 import json
 import pickle
 import re
@@ -19,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 from torch import nn
-from transformers import AutoConfig, PreTrainedModel, Trainer, TrainingArguments
+from transformers import AutoConfig, GPT2Config, PreTrainedModel, Trainer, TrainingArguments
 
 from hf_layertie import TIED_MODELS, TiedGPT2LMHeadModel, TyingMap, parse_strategy
 
@@ -599,6 +600,32 @@ def test_tie_init_mean_on_a_tied_checkpoint_weights_each_block_by_what_it_used(t
     for name, parameter in block_parameters(loaded, 0).items():
         expected = (3 * block_parameters(saved, 0)[name] + block_parameters(saved, 3)[name]) / 4
         torch.testing.assert_close(parameter, expected, rtol=0, atol=1e-6)
+
+
+def test_a_checkpoint_s_saved_tie_init_regrouping_from_roots_says_so(tmp_path, caplog):
+    saved = GPT2.tied_model([0, 0, 0, 3])
+    saved.config.tie_init = "mean"  # as a checkpoint converted with mean records it
+    saved.save_pretrained(tmp_path)
+    with caplog.at_level("WARNING"):
+        loaded = load_cleanly(GPT2.tied_class, tmp_path, tying_map=[0, 0, 0, 0])
+    assert loaded.config.tie_init == "root"
+    assert "tie_init='mean' is the value the checkpoint was saved with" in caplog.text
+    assert torch.equal(block_parameters(loaded, 0)["attn.c_attn.weight"], block_parameters(saved, 0)["attn.c_attn.weight"])
+
+
+def test_a_plain_transformers_config_is_refused_naming_the_conversion():
+    plain = GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=50)
+    with pytest.raises(TypeError, match=r"TiedGPT2LMHeadModel needs a TiedGPT2Config, got config=GPT2Config: convert it with TiedGPT2Config.from_dict"):
+        GPT2.tied_class(plain)
+
+
+def test_a_folder_with_adapters_is_refused_without_peft_rather_than_loaded_without_them(tmp_path, monkeypatch):
+    GPT2.tied_model([0, 0, 2, 2]).save_pretrained(tmp_path)
+    (tmp_path / "adapter_config.json").write_text("{}")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "peft" else real_find_spec(name, *args))
+    with pytest.raises(ImportError, match=r"holds PEFT adapters \(relaxed ties\) beside its tied base, and PEFT is not installed"):
+        GPT2.tied_class.from_pretrained(tmp_path)
 
 
 @pytest.mark.parametrize("value", ["average", None, 1])

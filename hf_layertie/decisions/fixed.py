@@ -80,7 +80,9 @@ class StaticDecisions(_OneDecision):
 class SimilarityDecisions(_OneDecision):
     """`similarity:U`: the model trains under its own map for `similarity_warmup_steps` steps (every block its own
     weights from scratch or from a plain checkpoint; a tied checkpoint stays tied, as it was given), then the blocks
-    are tied into U groups by how similarly they transform the current batch (`hf_layertie.block_similarity`)."""
+    are tied into U groups: block 0 and the U - 1 blocks that move their input most on the current batch (angular
+    distance) keep their weights, every other block uses the nearest kept block before it
+    (`hf_layertie.block_similarity`)."""
 
     mode = "similarity"
     settings = {**_OneDecision.settings, "similarity_warmup_steps": 0}

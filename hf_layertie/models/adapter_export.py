@@ -219,12 +219,14 @@ class AdapterExportMixin:
             plain = plain_class(plain_config)
         plain.load_state_dict({name: tensor.clone() for name, tensor in state_dict.items()}, assign=True)
         plain.tie_weights()  # its own ties (embeddings), which separate copies would have cut
-        # `assign=True` keeps the new model's `requires_grad`: the weights frozen here stay frozen there (an adapted
-        # model's base weights are named otherwise, and its export is trainable, as a merged model is).
-        own_parameters = dict(self.named_parameters(remove_duplicate=False))
-        for name, parameter in plain.named_parameters(remove_duplicate=False):
-            if name in own_parameters:
-                parameter.requires_grad_(own_parameters[name].requires_grad)
+        # `assign=True` keeps the new model's `requires_grad`: the weights frozen here stay frozen there. An adapted
+        # model's export is trainable throughout, as a merged model is (PEFT freezes the weights under its adapters,
+        # and loading adapters freezes every base weight).
+        if not adapted:
+            own_parameters = dict(self.named_parameters(remove_duplicate=False))
+            for name, parameter in plain.named_parameters(remove_duplicate=False):
+                if name in own_parameters:
+                    parameter.requires_grad_(own_parameters[name].requires_grad)
         # Buffers: copies of this model's, in its dtypes (rotary `inv_freq` stays float32 in a half-precision model);
         # the non-persistent ones are in no state dict and would stay on the meta device.
         own_buffers = dict(self.named_buffers(remove_duplicate=False))

@@ -13,8 +13,12 @@ import dataclasses
 import gc
 import weakref
 
+from transformers.utils import logging
+
 from ._compat import SUPPORTED_TRANSFORMERS  # noqa: F401 (importing it checks the installed transformers)
 from .tying_map import TyingMap
+
+logger = logging.get_logger(__name__)
 
 TIE_INITS = ("root", "mean")
 # Fields a tied config adds to its transformers config; `to_untied()` leaves them out.
@@ -127,6 +131,12 @@ class TyingConfigMixin:
         value kept in the checkpoint's config.json said how that checkpoint's own load grouped, not this one)."""
         self._saved_tying_map = saved
         if not tie_init_asked:
+            if self.tie_init != "root":  # a user who set the saved value again cannot be told apart: say what happens
+                logger.warning(
+                    f"tie_init={self.tie_init!r} is the value the checkpoint was saved with (how its own groups were "
+                    f"built): its blocks are regrouped from each group's root. To regroup them with {self.tie_init!r}, load "
+                    f"with from_pretrained(checkpoint, tying_map=..., tie_init={self.tie_init!r})"
+                )
             self.tie_init = "root"
 
     @classmethod

@@ -22,6 +22,8 @@ Like `tying_map.py`, this file only uses relative imports: it is copied next to 
 from __future__ import annotations
 
 import copy
+import importlib.util
+import os
 import re
 import warnings
 from collections.abc import Sequence
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from transformers.utils import ADAPTER_CONFIG_NAME
 from transformers.utils.hub import DownloadKwargs
 
 from ._compat import children, declare_tied_weights, declared_tied_weights, is_fsdp_sharded, own_parameters
@@ -40,6 +43,20 @@ from .tying_map import TyingMap
 
 # `from_pretrained`'s arguments that say where and how to read a checkpoint's files, as transformers lists them.
 _DOWNLOAD_KWARGS = tuple(DownloadKwargs.__annotations__)
+
+
+def _refuse_adapters_without_peft(folder) -> None:
+    """A folder saved with adapters (relaxed ties, `add_adapter`) holds the model only with them: transformers loads
+    them through PEFT, and without PEFT loads the base alone, in silence."""
+    if (
+        isinstance(folder, (str, os.PathLike))
+        and os.path.isfile(os.path.join(folder, ADAPTER_CONFIG_NAME))
+        and importlib.util.find_spec("peft") is None
+    ):
+        raise ImportError(
+            f"{folder} holds PEFT adapters (relaxed ties) beside its tied base, and PEFT is not installed: the model "
+            f"would load without them. pip install 'hf-layertie[peft]'"
+        )
 
 
 @dataclass
@@ -166,6 +183,12 @@ class TiedBlocksMixin(AdapterExportMixin):
     lean_construction: bool = True
 
     def __init__(self, config, *inputs, **kwargs):
+        # By what it has, not its class: remote code may load the config class from another copy of this package.
+        if not hasattr(config, "_live_bound_model"):
+            raise TypeError(
+                f"{type(self).__name__} needs a {self.config_class.__name__}, got config={type(config).__name__}: "
+                f"convert it with {self.config_class.__name__}.from_dict(config.to_dict())"
+            )
         bound = config._live_bound_model()
         if bound is not None:
             # A second model on one config (transformers' `Trainer(model_init=...)` builds one while the first is
@@ -194,6 +217,7 @@ class TiedBlocksMixin(AdapterExportMixin):
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, **kwargs):
         """transformers' `from_pretrained`. A built `config` whose map differs from the checkpoint's is loaded as
         `tying_map=` is: the blocks the checkpoint stores as ties get the weights they were saved sharing."""
+        _refuse_adapters_without_peft(pretrained_model_name_or_path)
         if isinstance(config, TyingConfigMixin) and pretrained_model_name_or_path is not None and "gguf_file" not in kwargs:
             download_kwargs = {name: kwargs[name] for name in _DOWNLOAD_KWARGS if name in kwargs}
             config = config.for_checkpoint(pretrained_model_name_or_path, **download_kwargs)
