@@ -38,6 +38,12 @@ def layers_and_distinct(draw, max_blocks: int = 48) -> tuple[int, int]:
         ("cycle_rev:5", 5, [0, 1, 2, 3, 4]),
         ("sandwich", 6, [0, 1, 1, 1, 1, 5]),
         ("sandwich", 2, [0, 1]),
+        # The layouts that paid on k-hop induction (depth-fresh, partial-depth).
+        ("repeat_one:2", 4, [0, 1, 1, 1]),
+        ("repeat_one:3", 5, [0, 1, 1, 1, 4]),
+        ("repeat_one:4", 6, [0, 1, 1, 1, 4, 5]),
+        ("repeat_one:1", 3, [0, 0, 0]),
+        ("repeat_one:4", 4, [0, 1, 2, 3]),
         (" cycle:2 ", 3, [0, 1, 0]),
     ],
 )
@@ -45,7 +51,7 @@ def test_documented_maps(spec, num_blocks, expected):
     assert parse_strategy(spec, num_blocks).to_list() == expected
 
 
-@pytest.mark.parametrize("name", ["sequence", "cycle", "cycle_rev"])
+@pytest.mark.parametrize("name", ["sequence", "cycle", "cycle_rev", "repeat_one"])
 @FAST
 @given(layers_and_distinct())
 def test_every_valid_distinct_count_gives_exactly_that_many_distinct_blocks(name, sizes):
@@ -104,6 +110,8 @@ def test_fixed_strategies(num_blocks):
         assert sandwich.to_list() == [0] + [1] * (num_blocks - 2) + [num_blocks - 1]
     else:
         assert sandwich == TyingMap.independent(num_blocks)
+    if num_blocks >= 3:  # sandwich is the one block repeated between two of their own
+        assert parse_strategy("repeat_one:3", num_blocks) == sandwich
 
 
 def test_every_advertised_strategy_name_parses():
