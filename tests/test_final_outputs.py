@@ -101,6 +101,7 @@ def test_a_run_resumed_mid_way_reports_the_whole_runs_training_loss(finished_run
     assert resumed["train_loss"] == pytest.approx(uninterrupted["train_loss"], rel=1e-6)
     assert TRAINING_KEYS <= uninterrupted.keys()
     assert resumed.keys() == uninterrupted.keys()
+    assert "epoch" in json.loads((folder / "train_results.json").read_text())  # what Trainer.log adds, kept
     assert resumed["total_flos"] == uninterrupted["total_flos"]
     assert json.loads((folder / "all_results.json").read_text()) == resumed
     log_history = json.loads((folder / "trainer_state.json").read_text())["log_history"]

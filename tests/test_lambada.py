@@ -285,7 +285,7 @@ def test_blank_lines_are_skipped(tmp_path):
 
 
 def test_missing_file_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="--lambada_file .*nowhere.jsonl: no such file"):
+    with pytest.raises(FileNotFoundError, match=r"LAMBADA file not found: .*nowhere.jsonl \(run_lambada.py reads it from --lambada_file\)"):
         read_lambada_jsonl(tmp_path / "nowhere.jsonl")
 
 

@@ -648,6 +648,10 @@ def test_run_lambada_fine_tunes_and_scores_only_the_held_out_passages(tmp_path, 
     metrics = run_lambada(flags)
     assert metrics["eval_lambada_examples"] == 10  # the last quarter of 40 passages
     assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "tying_map.png").is_file()
+    weights = (tmp_path / "model.safetensors").read_bytes()
+    again = run_lambada(flags)  # the same command again: the run is finished, nothing is trained
+    assert again["eval_lambada_accuracy"] == metrics["eval_lambada_accuracy"]
+    assert (tmp_path / "model.safetensors").read_bytes() == weights
 
 
 def test_run_lambada_names_the_malformed_line(tmp_path, clm_run):

@@ -32,7 +32,7 @@ def read_lambada_jsonl(path: str | os.PathLike) -> list[str]:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--lambada_file {path}: no such file")
+        raise FileNotFoundError(f"LAMBADA file not found: {path} (run_lambada.py reads it from --lambada_file)")
     with path.open("rb") as lines:
         passages = [
             _parse_line(line, f"{path}, line {number}")

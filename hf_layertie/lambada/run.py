@@ -19,19 +19,19 @@ from ..data import LAMBADA_TEST_FILE
 from ..toolkit import (
     ModelArguments,
     changed_from_default,
-    checkpoint_to_resume,
+    finished_training_step,
     fit_tokenizer_to_model,
     load_model,
     load_tokenizer,
     parse_command_line,
     process_group_ended,
-    refuse_training_over,
     refuse_training_settings_without_training,
     resolve_block_size,
     set_up_logging,
     split_reward_examples,
     tied_model_type,
     tied_model_types,
+    training_resume_point,
 )
 from ..trainer import TyingTrainer, TyingTrainingArguments
 from .evaluation import evaluate_lambada
@@ -88,9 +88,9 @@ def _evaluate_and_fine_tune(
     set_up_logging(training_args.get_process_log_level())
     resume = None
     if training_args.do_train:  # before any model or data is loaded: a run this command may not continue is refused
-        resume = checkpoint_to_resume(training_args.output_dir, training_args.resume_from_checkpoint)
-        if resume is None:
-            refuse_training_over(training_args.output_dir)
+        output_dir = training_args.output_dir
+        finished = finished_training_step(output_dir, training_args.max_steps, training_args.num_train_epochs)
+        resume = training_resume_point(output_dir, training_args.resume_from_checkpoint, finished)
     set_seed(training_args.seed)
 
     passages = read_lambada_jsonl(lambada_args.lambada_file)

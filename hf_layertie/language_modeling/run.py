@@ -30,7 +30,6 @@ from ..trainer.checkpoint_format import read_tying_state
 from ..toolkit import (
     ModelArguments,
     bigram_loss,
-    checkpoint_to_resume,
     finished_training_step,
     fit_tokenizer_to_model,
     load_model,
@@ -40,7 +39,6 @@ from ..toolkit import (
     parse_command_line,
     process_group_ended,
     read_stream,
-    refuse_training_over,
     refuse_training_settings_without_training,
     resolve_block_size,
     set_up_logging,
@@ -50,6 +48,7 @@ from ..toolkit import (
     tied_model_type,
     tied_model_types,
     tokenize_and_group,
+    training_resume_point,
     unigram_loss,
 )
 from .arguments import DataTrainingArguments
@@ -197,13 +196,9 @@ def _train_and_evaluate(
             return saved
         wanted = ", ".join([*missing, *asked])
         logger.warning(f"Training in {output_dir} finished at step {finished} without {wanted}: producing them, training no step")
-    resume = None
-    if training_args.do_train:  # before any data or model is loaded: a run this command may not continue is refused
-        # A finished run whose last outputs were lost is finished from its final model (no step is trained).
-        complete = finished is not None and not missing_checkpoint_files(output_dir)
-        resume = output_dir if complete else checkpoint_to_resume(output_dir, training_args.resume_from_checkpoint)
-        if resume is None:
-            refuse_training_over(output_dir)
+    # Before any data or model is loaded: a run this command may not continue is refused. A finished run whose last
+    # outputs were lost is finished from its final model (no step is trained).
+    resume = training_resume_point(output_dir, training_args.resume_from_checkpoint, finished) if training_args.do_train else None
     set_seed(training_args.seed)
 
     hop_task = data_args.dataset_name if data_args.dataset_name in HOP_TASKS else None
@@ -248,7 +243,7 @@ def _train_and_evaluate(
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume)
         trainer.save_model()
-        if not complete:  # the folder's model changed: its saved evaluation no longer describes it
+        if resume != str(output_dir):  # trained (not finished from its own folder): its saved evaluation is stale
             _drop_saved_evaluation(trainer, output_dir)
         train_metrics = dict(train_result.metrics)
         if not data_args.streaming:  # a stream's length is unknown

@@ -187,7 +187,8 @@ class TiedBlocksMixin(AdapterExportMixin):
         if not hasattr(config, "_live_bound_model"):
             raise TypeError(
                 f"{type(self).__name__} needs a {self.config_class.__name__}, got config={type(config).__name__}: "
-                f"convert it with {self.config_class.__name__}.from_dict(config.to_dict())"
+                f"convert it with {self.config_class.__name__}.from_dict({{**config.to_dict(), "
+                f"'model_type': '{self.config_class.model_type}'}})"
             )
         bound = config._live_bound_model()
         if bound is not None:

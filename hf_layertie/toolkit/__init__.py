@@ -10,6 +10,7 @@ from .checkpoints import (
     last_complete_checkpoint,
     missing_checkpoint_files,
     refuse_training_over,
+    training_resume_point,
 )
 from .data import (
     fit_tokenizer_to_model,
@@ -40,6 +41,7 @@ __all__ = [
     "load_tokenizer",
     "missing_checkpoint_files",
     "refuse_training_over",
+    "training_resume_point",
     "refuse_training_settings_without_training",
     "parse_command_line",
     "process_group_ended",

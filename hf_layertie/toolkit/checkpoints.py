@@ -36,6 +36,19 @@ def checkpoint_to_resume(output_dir: str | Path, resume_from_checkpoint: str | N
     return None if last is None else str(last)
 
 
+def training_resume_point(output_dir: str | Path, resume_from_checkpoint: str | None, finished: int | None) -> str | None:
+    """Where a training command continues in `output_dir`, before any model or data is loaded: a finished run's
+    complete output folder (`finished`: its step, from `finished_training_step`; the trainer finishes from it,
+    training no step), else the checkpoint `checkpoint_to_resume` names. With neither, None, after refusing to train
+    from scratch over a run that left no checkpoint (`refuse_training_over`)."""
+    if finished is not None and not missing_checkpoint_files(output_dir):
+        return str(output_dir)
+    resume = checkpoint_to_resume(output_dir, resume_from_checkpoint)
+    if resume is None:
+        refuse_training_over(output_dir)
+    return resume
+
+
 def refuse_training_over(output_dir: str | Path) -> None:
     """Refuse to train from the start in `output_dir` where a run finished short of the steps now asked for and left
     no checkpoint to continue from: its model would be replaced by one trained again from scratch."""

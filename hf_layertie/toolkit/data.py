@@ -102,7 +102,7 @@ def _split_validation(train: datasets.Dataset, percentage: int) -> datasets.Data
     if num_validation >= len(train):
         raise ValueError(
             f"Too little data ({len(train)} rows) to hold out --validation_split_percentage {percentage}% for "
-            "validation: give more data, or a validation split of its own (--validation_file)"
+            "validation: give more data, or data with a validation split of its own"
         )
     return datasets.DatasetDict(
         {

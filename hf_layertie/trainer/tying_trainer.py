@@ -292,7 +292,8 @@ class TyingTrainer(Trainer):
                 raise ValueError(f"resume_from_checkpoint=True: no complete checkpoint in {self.args.output_dir}")
             resume_from_checkpoint = str(last)
         saved_step = checkpoint_step(resume_from_checkpoint) if isinstance(resume_from_checkpoint, str) else None
-        self._totals, self._sitting_loss = TrainingTotals(), 0.0  # resuming loads the checkpoint's totals
+        # Resuming loads the checkpoint's totals; a sitting an earlier call left unfinished (it raised) is not one.
+        self._totals, self._sitting_loss, self._sitting_start = TrainingTotals(), 0.0, None
         if saved_step is not None and 0 < self.args.max_steps <= saved_step:
             metrics = self._finish_from(resume_from_checkpoint)
         else:
@@ -309,10 +310,15 @@ class TyingTrainer(Trainer):
         """`Trainer.log`; the closing entry of a sitting (`train_runtime`, `train_loss`, speeds), which `Trainer.train`
         computes over this sitting's steps only, carries the whole run's instead: the console, the trackers and
         `trainer_state.json` show the numbers `train` returns. Collective, as the closing entry is logged by all."""
-        if "train_runtime" in logs and self._sitting_start is not None:
-            totals = self._training_totals(logs["train_runtime"])
-            logs = {**logs, **totals.metrics(self.state.global_step, self._samples_per_step(), self.state.total_flos)}
-        super().log(logs, start_time)
+        if "train_runtime" not in logs or self._sitting_start is None:
+            super().log(logs, start_time)
+            return
+        totals = self._training_totals(logs["train_runtime"])
+        whole_run = {**logs, **totals.metrics(self.state.global_step, self._samples_per_step(), self.state.total_flos)}
+        super().log(whole_run, start_time)
+        # What `Trainer.log` adds (`epoch`, tokens seen) reaches the metrics `train` returns, as without the override;
+        # the sitting's own numbers stay in them (`train` adds the run's from them).
+        logs.update({key: value for key, value in whole_run.items() if key not in logs})
 
     def _finish_from(self, checkpoint: str) -> dict[str, float]:
         logger.warning(f"{checkpoint} is at max_steps={self.args.max_steps} already: finishing the run from it, training no step")
@@ -597,7 +603,8 @@ class TyingTrainer(Trainer):
         to (the Trainer loads the best model before `train` returns)."""
         self._finish_decisions()
         best = self.state.best_model_checkpoint
-        if not (best and os.path.isdir(best)):  # the Trainer keeps the last weights, with a warning
+        # The main process's answer on every process: the re-tie below is collective.
+        if not (best and self._broadcast(os.path.isdir(best))):  # the Trainer keeps the last weights, with a warning
             super()._load_best_model()
             return
         self._best_step_loaded = self.state.best_global_step
