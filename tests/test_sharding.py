@@ -57,13 +57,12 @@ def test_the_replica_of_a_sharded_re_tie_leaves_the_random_generator_alone():
     assert all(torch.equal(replica.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kwargs", [{"use_reentrant": False}, {"use_reentrant": True}])
 def test_the_replica_of_a_sharded_re_tie_checkpoints_activations_as_the_model_did(kwargs):
     model = GPT2.tied_model([0, 0, 2, 2])
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # the name every supported transformers has
     replica = _unsharded_replica(model, type(model), model.state_dict())
-    assert replica.is_activation_checkpointing
+    assert replica.is_gradient_checkpointing
     for block, source in zip(replica.tied_blocks, model.tied_blocks):
         assert block._gradient_checkpointing_func is source._gradient_checkpointing_func
     assert hasattr(replica, "_require_grads_hook") == hasattr(model, "_require_grads_hook")
@@ -71,6 +70,7 @@ def test_the_replica_of_a_sharded_re_tie_checkpoints_activations_as_the_model_di
     replica(torch.randint(0, 50, (2, 8)), labels=torch.randint(0, 50, (2, 8))).loss.backward()  # it trains
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tying_map", ["[0, 0, 2, 2]", "[0, 1, 0, 1]", "[0, 0, 0, 0]", "[0, 1, 2, 3]", "[0, 1, 0, 0]"])
 def test_a_sharded_static_map_trains_as_one_process(fsdp_run, tying_map):
     _, ranks = fsdp_run
