@@ -189,6 +189,28 @@ def test_a_finished_run_run_again_with_do_eval_evaluates_its_model_training_no_s
     assert (tmp_path / "model.safetensors").read_bytes() == weights
 
 
+def test_a_finished_run_asked_to_evaluate_other_data_evaluates_it_rather_than_answering_the_saved_evaluation(
+    tmp_path, text_files, caplog
+):
+    first = run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2))
+    weights = (tmp_path / "model.safetensors").read_bytes()
+    fewer = tiny_flags(tmp_path, text_files, TINY_GPT2, "--max_eval_samples", "3")
+    with caplog.at_level("WARNING"):
+        metrics = run(CAUSAL_LM, fewer)
+    assert "without an evaluation with --max_eval_samples 3 (the saved one had other data settings)" in caplog.text
+    assert (first["eval_samples"], metrics["eval_samples"]) == (8, 3)
+    assert json.loads((tmp_path / "all_results.json").read_text())["eval_samples"] == 3
+    assert (tmp_path / "model.safetensors").read_bytes() == weights
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # the same command again: its evaluation is the saved one
+        assert run(CAUSAL_LM, fewer) == metrics
+    assert "nothing is trained or changed" in caplog.text
+    (tmp_path / "eval_settings.json").unlink()  # a folder saved before the settings were: its data is unknown
+    with caplog.at_level("WARNING"):
+        run(CAUSAL_LM, fewer)
+    assert "an evaluation recording its data settings" in caplog.text and (tmp_path / "eval_settings.json").is_file()
+
+
 def test_more_steps_for_a_run_without_checkpoints_are_refused_leaving_it_untouched(tmp_path, text_files):
     """Its optimizer state is in checkpoints only: training would start again from scratch over its model."""
     run(CAUSAL_LM, tiny_flags(tmp_path, text_files, TINY_GPT2, "--save_strategy", "no", "--do_eval", "false"))

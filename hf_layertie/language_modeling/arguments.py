@@ -3,7 +3,8 @@ model arguments and the parser every script shares are `hf_layertie.toolkit.argu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
 
 from .multihop import HOP_TASKS, check_hop_task_arguments
 
@@ -14,6 +15,9 @@ DEFAULT_MLM_PROBABILITY = 0.15
 class DataTrainingArguments:
     """Which data to train and evaluate on. With no dataset and no files, the Shakespeare corpus shipped with
     hf-layertie is used (split by play: no text of an evaluation play is seen in training)."""
+
+    # Settings that change what is trained or printed but not which blocks are evaluated, or how.
+    TRAINING_ONLY: ClassVar[tuple[str, ...]] = ("max_train_samples", "preprocessing_num_workers", "sample_max_new_tokens")
 
     dataset_name: str | None = field(
         default=None,
@@ -90,6 +94,12 @@ class DataTrainingArguments:
             raise ValueError(f"--validation_split_percentage must be in (0, 100), got {self.validation_split_percentage}")
         if isinstance(self.sample_max_new_tokens, bool) or not isinstance(self.sample_max_new_tokens, int) or self.sample_max_new_tokens < 0:
             raise ValueError(f"--sample_max_new_tokens must be an integer >= 0, got {self.sample_max_new_tokens!r}")
+
+    def evaluation_settings(self) -> dict[str, Any]:
+        """The settings that pick and shape the evaluated blocks (every one but `TRAINING_ONLY`): saved beside an
+        evaluation, so that a finished run asked again for one of other data is evaluated again, not answered with
+        the saved one."""
+        return {name: value for name, value in asdict(self).items() if name not in self.TRAINING_ONLY}
 
     @property
     def masked_share(self) -> float:

@@ -90,6 +90,8 @@ CAUSAL_LM = LanguageModelingTask("clm", tied_model_types(AutoModelForCausalLM), 
 MASKED_LM = LanguageModelingTask("mlm", tied_model_types(AutoModelForMaskedLM), "shakespeare-wordpiece", True)
 # What a training run leaves in output_dir besides a complete checkpoint's files (the final model's).
 FINAL_OUTPUTS = ("all_results.json", "README.md")
+# The data settings of the evaluation saved in a run's folder (`DataTrainingArguments.evaluation_settings`).
+EVALUATION_SETTINGS_FILE = "eval_settings.json"
 ArgumentTuple = tuple[ModelArguments, DataTrainingArguments, TyingTrainingArguments]
 
 
@@ -185,7 +187,7 @@ def _train_and_evaluate(
     if finished is not None:
         missing = _missing_final_outputs(output_dir)
         saved = _saved_metrics(output_dir)
-        asked = [] if missing else _asked_beyond_saved(training_args, saved)
+        asked = [] if missing else _asked_beyond_saved(training_args, data_args, saved, output_dir)
         if not missing and not asked:
             # Its results are those of the settings it ran under: this command's must be the same.
             check_resumes_saved_settings(training_args, output_dir, read_tying_state(output_dir))
@@ -267,6 +269,9 @@ def _train_and_evaluate(
         trainer.log_metrics("eval", eval_metrics)
         _drop_saved_evaluation(trainer, output_dir)  # merged in, keys an earlier evaluation had would stay
         trainer.save_metrics("eval", eval_metrics)
+        if trainer.is_world_process_zero():
+            settings = json.dumps(data_args.evaluation_settings(), indent=4, sort_keys=True)
+            (Path(output_dir) / EVALUATION_SETTINGS_FILE).write_text(settings)
         metrics.update(eval_metrics)
     trainer.create_model_card()  # the card takes eval_loss and perplexity from the last evaluation
     if training_args.push_to_hub:
@@ -420,14 +425,28 @@ def _data_source(data_args: DataTrainingArguments) -> str:
     return "the embedded Shakespeare corpus"
 
 
-def _asked_beyond_saved(training_args: TyingTrainingArguments, saved: dict[str, float]) -> list[str]:
-    """What this command asks of a finished run that its saved results lack: an evaluation, a push to the Hub."""
+def _asked_beyond_saved(
+    training_args: TyingTrainingArguments, data_args: DataTrainingArguments, saved: dict[str, float], output_dir: str
+) -> list[str]:
+    """What this command asks of a finished run that its saved results lack: an evaluation, or one of other data
+    than the saved evaluation's; a push to the Hub."""
     asked = []
     if training_args.do_eval and "eval_loss" not in saved:
         asked.append("an evaluation (--do_eval)")
+    elif training_args.do_eval and not (Path(output_dir) / EVALUATION_SETTINGS_FILE).is_file():
+        asked.append("an evaluation recording its data settings (the saved one has none, so its data is unknown)")
+    elif training_args.do_eval and (changed := _evaluation_settings_changed(data_args, output_dir)):
+        asked.append(f"an evaluation with {', '.join(changed)} (the saved one had other data settings)")
     if training_args.push_to_hub:
         asked.append("a push to the Hub (--push_to_hub)")
     return asked
+
+
+def _evaluation_settings_changed(data_args: DataTrainingArguments, output_dir: str) -> list[str]:
+    """The data flags this command gives otherwise than the evaluation saved in `output_dir` had them."""
+    saved = json.loads((Path(output_dir) / EVALUATION_SETTINGS_FILE).read_text())
+    wanted = data_args.evaluation_settings()
+    return [f"--{name} {value}" for name, value in wanted.items() if name not in saved or saved[name] != value]
 
 
 def _drop_saved_evaluation(trainer: TyingTrainer, output_dir: str) -> None:
@@ -436,7 +455,8 @@ def _drop_saved_evaluation(trainer: TyingTrainer, output_dir: str) -> None:
     leave keys the next one does not write)."""
     if not trainer.is_world_process_zero():
         return
-    (Path(output_dir) / "eval_results.json").unlink(missing_ok=True)
+    for name in ("eval_results.json", EVALUATION_SETTINGS_FILE):
+        (Path(output_dir) / name).unlink(missing_ok=True)
     path = Path(output_dir) / "all_results.json"
     if path.is_file():
         kept = {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith(("eval_", "perplexity"))}
