@@ -58,7 +58,7 @@ from bench.compress_settings import PRESETS, CompressSettings, Row, plan, row_di
 from bench.measure import task_data  # noqa: E402
 from bench.provenance import provenance  # noqa: E402
 from bench.scheduling import RESULT_FILE, Job, run_jobs, single_run_command, write_complete  # noqa: E402
-from bench.settings import REPO_ROOT, check_task, parse_integers  # noqa: E402
+from bench.settings import REPO_ROOT, check_task, parse_integers, with_preset_seeds  # noqa: E402
 
 
 @dataclass
@@ -116,8 +116,7 @@ def main() -> None:
         return
     _claim(output, settings)
     failures = [] if args.report_only else _run_all(settings, output, args.jobs)
-    # Over the preset's seeds and those given: a lane given `--seeds` must not shrink the folder's report to its own.
-    reported = dataclasses.replace(settings, seeds=tuple(sorted({*PRESETS[args.preset].seeds, *settings.seeds})))
+    reported = with_preset_seeds(settings, PRESETS[args.preset])
     print(f"\nReport: {write_report(reported, plan(reported), output, args.report())}")
     refresh_markdown()
     if failures:

@@ -13,7 +13,6 @@ sittings, and `--report_only` rewrites the report from whatever has finished. Se
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -45,6 +44,7 @@ from bench.settings import (  # noqa: E402
     results_dir,
     run_tiers,
     runs_after,
+    with_preset_seeds,
 )
 
 
@@ -81,9 +81,7 @@ def main() -> None:
     learning_rates = tuning["chosen"] if tuning is not None else None
     with_memory = not args.skip_memory and rows is None
     failures = [] if args.report_only else Scheduler(settings, output, args.jobs, with_memory, not args.memory_only, learning_rates, rows).run()
-    # Over the preset's seeds and those given: a lane given `--seeds` must not shrink the folder's report to its own.
-    seeds = tuple(sorted({*PRESETS[args.preset].seeds, *settings.seeds}))
-    report = write_report(dataclasses.replace(settings, seeds=seeds), output, tuning, report_dir(args))
+    report = write_report(with_preset_seeds(settings, PRESETS[args.preset]), output, tuning, report_dir(args))
     print(f"\nReport: {report}")
     refresh_markdown()
     if failures:

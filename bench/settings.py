@@ -448,6 +448,12 @@ def parse_learning_rates(text: str) -> tuple[float, ...]:
     return rates
 
 
+def with_preset_seeds(settings, preset):
+    """`settings` (a study's or compress's) over its preset's seeds and those it was given: a lane given `--seeds`
+    must not shrink the folder's report to its own seeds."""
+    return dataclasses.replace(settings, seeds=tuple(sorted({*preset.seeds, *settings.seeds})))
+
+
 def parse_integers(text: str, name: str) -> tuple[int, ...]:
     """`--<name>`'s comma-separated non-negative integers (seeds, depths), or one error naming the flag."""
     parts = _parts(text)

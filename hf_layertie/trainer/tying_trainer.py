@@ -299,7 +299,7 @@ class TyingTrainer(Trainer):
         else:
             self._sitting_start = time.time()
             metrics = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs).metrics
-            self._totals, self._sitting_start = self._training_totals(metrics["train_runtime"]), None
+            self._totals, self._sitting_start = self._training_totals(metrics["train_runtime"]), None  # closed by `log`
             self._finish_decisions()
         metrics.update(self._totals.metrics(self.state.global_step, self._samples_per_step(), self.state.total_flos))
         if self.distillation is not None:
@@ -313,8 +313,9 @@ class TyingTrainer(Trainer):
         if "train_runtime" not in logs or self._sitting_start is None:
             super().log(logs, start_time)
             return
-        totals = self._training_totals(logs["train_runtime"])
-        whole_run = {**logs, **totals.metrics(self.state.global_step, self._samples_per_step(), self.state.total_flos)}
+        # The sitting ends here (its loss summed over processes once); `train` then finds the totals closed.
+        self._totals, self._sitting_start = self._training_totals(logs["train_runtime"]), None
+        whole_run = {**logs, **self._totals.metrics(self.state.global_step, self._samples_per_step(), self.state.total_flos)}
         super().log(whole_run, start_time)
         # What `Trainer.log` adds (`epoch`, tokens seen) reaches the metrics `train` returns, as without the override;
         # the sitting's own numbers stay in them (`train` adds the run's from them).
