@@ -269,6 +269,20 @@ def test_commit_after_exploration_stops_deciding_when_exploration_ends(tmp_path)
     assert len({tuple(tying_map) for tying_map in maps.after_step[19:]}) == 1  # steps 20-24 train one map
 
 
+def test_a_run_continued_to_more_steps_keeps_its_exploration_schedule(tmp_path, caplog):
+    """A finished run of 24 steps (12 decisions, exploration over 80% of them: committed from step 20) continued to
+    48: the schedule of the run as started is kept, so no decision follows the commit step and the epsilon of each
+    decision is the uninterrupted run's; re-planned over 48 steps, exploration would start again at about half."""
+    first = make_trainer(tmp_path, commit_after_exploration=True, save_strategy="steps", save_steps=24)
+    first.train()
+    with caplog.at_level("WARNING"):
+        longer = make_trainer(tmp_path, commit_after_exploration=True, save_strategy="steps", save_steps=24, max_steps=48)
+        longer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-24"))
+    assert "the checkpoint's exploration schedule spans 12 decisions" in caplog.text
+    assert [record["step"] for record in longer.tying_records] == list(range(0, 20, 2))
+    assert [record["epsilon"] for record in longer.tying_records] == [record["epsilon"] for record in first.tying_records]
+
+
 @pytest.mark.parametrize("strategy", ["dlt", "random"])
 def test_a_run_too_short_for_every_block_to_decide_says_so(tmp_path, caplog, strategy):
     """4 blocks: 3 take turns to decide; 4 steps at k = 2 make 2 decisions."""

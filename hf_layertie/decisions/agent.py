@@ -116,6 +116,8 @@ class AgentDecisions(TyingDecisions):
         self.interval = args.tying_interval
         self._window_loss_sum: torch.Tensor | float = 0.0
         self._commit_step: int | None = None  # commit_after_exploration: no decision from this step on
+        # Decisions the exploration schedule spans: those of the run's max_steps when it started, kept on resume.
+        self._planned: int | None = None
 
     def _initial_map(self, num_blocks: int) -> TyingMap:
         text = self.args.tying_initial_map or "all"
@@ -142,9 +144,20 @@ class AgentDecisions(TyingDecisions):
         )
 
     def check_run(self, max_steps: int) -> None:
-        """Warn when the run is too short for every block to decide once; with `commit_after_exploration`, fix the
-        step from which no decision is taken."""
+        """Plan the exploration schedule over the run's decisions (a resumed run keeps its checkpoint's plan: the
+        steps a larger `max_steps` adds decide after it, at the schedule's end, rather than exploring again); warn
+        when the run is too short for every block to decide once; with `commit_after_exploration`, fix the step
+        from which no decision is taken."""
         planned, deciding = self._planned_decisions(max_steps), self.controller.agent.num_blocks - 1
+        if self._planned is None:
+            self._planned = planned
+        elif planned != self._planned:
+            logger.warning(
+                f"tying_strategy={self.args.tying_strategy!r}: the checkpoint's exploration schedule spans "
+                f"{self._planned} decisions (the max_steps it was started with), this run's max_steps={max_steps} "
+                f"{planned}: the schedule is kept, so exploration goes on as it would have, and the decisions after "
+                f"it take the schedule's end"
+            )
         if planned < deciding:
             logger.warning(
                 f"tying_strategy={self.args.tying_strategy!r}: {planned} decision(s) in {max_steps} steps at "
@@ -152,7 +165,7 @@ class AgentDecisions(TyingDecisions):
                 "never decide"
             )
         if self.args.commit_after_exploration:
-            exploring = math.ceil(self.controller.agent.config.exploration_fraction * planned)
+            exploring = math.ceil(self.controller.agent.config.exploration_fraction * self._planned)
             self._commit_step = exploring * self.interval
 
     def _planned_decisions(self, max_steps: int) -> int:
@@ -177,8 +190,7 @@ class AgentDecisions(TyingDecisions):
             return None
         current = observation.current
         index = 0 if current is None else current.index + 1
-        planned = self._planned_decisions(observation.max_steps)
-        outcome, proposal = self.controller.decide(index, observation.tying_map, planned, window_loss)
+        outcome, proposal = self.controller.decide(index, observation.tying_map, self._planned, window_loss)
         return Decision(
             index=index,
             step=observation.step,
@@ -215,8 +227,10 @@ class AgentDecisions(TyingDecisions):
         return window_sum / steps if steps > 0 else None
 
     def state_dict(self, observation: Observation) -> dict:
-        """The controller, and the open window's loss sum of every process, by rank (collective)."""
-        return {**self.controller.state_dict(), "window_loss_sums": observation.gather(float(self._window_loss_sum))}
+        """The controller, the exploration plan, and the open window's loss sum of every process, by rank
+        (collective)."""
+        window_loss_sums = observation.gather(float(self._window_loss_sum))
+        return {**self.controller.state_dict(), "planned_decisions": self._planned, "window_loss_sums": window_loss_sums}
 
     def load_state_dict(self, state: dict, observation: Observation) -> None:
         """Restore a checkpoint; each process takes back its own part of the open window (the mean of them all when
@@ -225,6 +239,7 @@ class AgentDecisions(TyingDecisions):
         if "window_loss_sums" not in state:  # before anything is restored
             raise ValueError("tying state is missing ['window_loss_sums']; expected the keys of AgentDecisions.state_dict()")
         sums = state.pop("window_loss_sums")
+        self._planned = state.pop("planned_decisions", None)  # saved before plans were: planned from this max_steps
         self.controller.load_state_dict(state)
         if len(sums) == observation.num_processes:
             self._window_loss_sum = sums[observation.process_index]
