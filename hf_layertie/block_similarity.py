@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from .checks import check_integer
 from .models.tied_blocks import TiedBlocksMixin
 from .models.tying_map import TyingMap
 
@@ -75,6 +76,7 @@ def similarity_tying_map(distances: Sequence[float], num_distinct: int) -> Tying
     """Block 0 and the `num_distinct - 1` blocks that move their input most stay independent; every other block
     uses the nearest independent block before it. Ties between equal distances go to the earlier block."""
     num_blocks = len(distances)
+    check_integer("num_distinct", num_distinct, minimum=1)
     if not 1 <= num_distinct <= num_blocks:
         raise ValueError(f"num_distinct must be in 1..{num_blocks} for a model of {num_blocks} blocks, got {num_distinct}")
     ranked = sorted(range(1, num_blocks), key=lambda block: (-distances[block], block))

@@ -30,7 +30,7 @@ _TASKS = {
 }
 # Keys `Trainer.evaluate()` and the scripts add next to the metrics (timings, counts of what was scored);
 # transformers' own cards leave them out too.
-_NOT_METRICS = ("runtime", "samples_per_second", "steps_per_second", "epoch", "step", "_samples", "_examples")
+_NOT_METRICS = ("runtime", "samples_per_second", "steps_per_second", "epoch", "step", "_samples", "_examples", "_preparation_time")
 
 
 @dataclass(frozen=True)

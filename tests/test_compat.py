@@ -11,6 +11,7 @@ from pathlib import Path
 from importlib import metadata
 
 import pytest
+import torch
 from conftest import GPT2
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -128,3 +129,36 @@ def test_a_checkpoint_s_remote_code_checks_the_loader_s_transformers(tmp_path):
     assert refused.returncode != 0
     expected = "support transformers>=5.18,<6, but transformers 5.17.0 is installed"
     assert expected in refused.stderr, refused.stderr[-3000:]
+
+
+LOAD_WITH_A_FOREIGN_CONFIG = """
+import sys
+import torch
+from transformers.dynamic_module_utils import get_class_from_dynamic_module
+import hf_layertie
+
+path = sys.argv[1]
+foreign = get_class_from_dynamic_module("configuration_tied_gpt2.TiedGPT2Config", path)
+config = foreign.from_pretrained(path)
+config.tying_map = [0, 1, 2, 3]
+assert type(config) is not hf_layertie.TiedGPT2Config
+by_config = hf_layertie.TiedGPT2LMHeadModel.from_pretrained(path, config=config)
+by_argument = hf_layertie.TiedGPT2LMHeadModel.from_pretrained(path, tying_map=[0, 1, 2, 3])
+ids = torch.arange(8)[None]
+print(torch.equal(by_config(ids).logits, by_argument(ids).logits))
+"""
+
+
+def test_a_config_class_remote_code_loaded_regroups_a_checkpoint_as_the_package_s_own_does(tmp_path):
+    """The config class of a checkpoint's remote code is another class than the package's (another copy of its
+    module): given to `from_pretrained` with another map, it regroups the checkpoint's blocks all the same, rather
+    than leaving the blocks it stores as ties to a fresh initialisation."""
+    model = GPT2.tied_model([0, 0, 2, 2])
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter))
+    model.save_pretrained(tmp_path / "checkpoint")
+    loaded = run_python(LOAD_WITH_A_FOREIGN_CONFIG, tmp_path / "checkpoint", env={"HF_MODULES_CACHE": str(tmp_path / "modules")})
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert loaded.stdout.split()[-1] == "True"
+

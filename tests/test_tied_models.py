@@ -126,6 +126,28 @@ def test_tied_blocks_hold_their_roots_parameter_objects(kind, entries):
 
 
 @every_kind
+def test_a_model_built_on_the_meta_device_and_given_its_weights_shares_as_its_map_says(kind):
+    """The ways of materialising a model built without memory (`torch.device("meta")`): `to_empty` and
+    `load_state_dict(..., assign=True)` each give every Parameter entry an object of its own, which would leave tied
+    blocks with Parameters aliasing their root's storage (stepped once per alias). (Buffers outside the state dict,
+    such as rotary frequencies, are the user's to initialise after either, as for any model.)"""
+    source = kind.tied_model([0, 0, 2, 2])
+    perturb_(source, seed=1)
+    for materialise in ("to_empty", "assign"):
+        with torch.device("meta"):
+            model = kind.tied_class(kind.make_config([0, 0, 2, 2])).eval()
+        if materialise == "to_empty":
+            model.to_empty(device="cpu")
+            model.load_state_dict(source.state_dict())
+        else:
+            model.load_state_dict(source.state_dict(), assign=True)
+        assert_blocks_share_as(model, [0, 0, 2, 2])
+        assert model.parameter_counts() == source.parameter_counts(), materialise
+        loaded, expected = model.state_dict(), source.state_dict()
+        assert all(torch.equal(loaded[name], expected[name]) for name in expected), materialise
+
+
+@every_kind
 @FEW
 @given(entries=raw_tying_maps())
 def test_save_and_load_gives_identical_logits_and_the_same_sharing(kind, entries, tmp_path_factory):
@@ -611,6 +633,24 @@ def test_a_checkpoint_s_saved_tie_init_regrouping_from_roots_says_so(tmp_path, c
     assert loaded.config.tie_init == "root"
     assert "tie_init='mean' is the value the checkpoint was saved with" in caplog.text
     assert torch.equal(block_parameters(loaded, 0)["attn.c_attn.weight"], block_parameters(saved, 0)["attn.c_attn.weight"])
+
+
+def test_a_quantized_load_is_refused_rather_than_left_mostly_unquantized(tmp_path):
+    """transformers keeps tied weights out of quantization: every tied group's would stay in full precision."""
+    from transformers import BitsAndBytesConfig
+
+    GPT2.tied_model([0, 0, 2, 2]).save_pretrained(tmp_path)
+    for load in (GPT2.tied_class.from_pretrained, GPT2.auto_class.from_pretrained):
+        with pytest.raises(ValueError, match=r"quantization_config=\.\.\.\): transformers keeps every tied weight out of quantization"):
+            load(tmp_path, quantization_config=BitsAndBytesConfig(load_in_4bit=True))
+
+
+def test_similarity_s_map_refuses_a_number_of_distinct_blocks_that_is_not_an_integer():
+    from hf_layertie.block_similarity import similarity_tying_map
+
+    for value in (2.0, True):
+        with pytest.raises(ValueError, match=rf"num_distinct must be an integer >= 1 .*got {value!r}"):
+            similarity_tying_map([0.3, 0.2, 0.1], value)
 
 
 def test_a_plain_transformers_config_is_refused_naming_the_conversion():

@@ -48,6 +48,14 @@ def test_chains_resolve_to_their_root():
     assert TyingMap([0, 1, 1, 2]) == TyingMap([0, 1, 1, 1])
 
 
+def test_a_map_equals_a_list_that_shares_weights_the_same_way():
+    """`model.tying_map == [0, 0, 2, 2]`, as the docs write maps, is what it reads as."""
+    assert TyingMap([0, 0, 2, 2]) == [0, 0, 2, 2] and [0, 0, 2, 2] == TyingMap([0, 0, 2, 2])
+    assert TyingMap([0, 1, 1, 2]) == (0, 1, 1, 1)  # canonically the same
+    assert TyingMap([0, 0, 2, 2]) != [0, 0, 0, 2] and TyingMap([0, 0]) != [1, 0]  # another map; no map at all
+    assert TyingMap([0, 0]) != "0 0"
+
+
 @FAST
 @given(raw_tying_maps(min_blocks=1, max_blocks=16))
 def test_groups_partition_the_blocks_by_owner(entries):

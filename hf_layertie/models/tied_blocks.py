@@ -36,7 +36,7 @@ from transformers.utils.hub import DownloadKwargs
 
 from ._compat import children, declare_tied_weights, declared_tied_weights, is_fsdp_sharded, own_parameters
 from .adapter_export import AdapterExportMixin, is_adapter_layer
-from .configuration_tying import TyingConfigMixin, check_tie_init
+from .configuration_tying import check_tie_init
 from .lean_construction import distinct_blocks_only
 from .tying_map import TyingMap
 
@@ -205,21 +205,50 @@ class TiedBlocksMixin(AdapterExportMixin):
             super().__init__(config, *inputs, **kwargs)
         if construction is not None:
             construction.check_order(self)
-            blocks = self.tied_blocks
-            for block, root in enumerate(self.tying_map):  # transformers tied them already, unless told not to
-                if root != block:
-                    _use_parameters(blocks[block], _block_parameters(blocks[root]))
+            self._share_by_map()  # transformers tied them already, unless told not to
             construction.check_no_placeholder_left(self)
         config._bind(self)
         # The map the weights about to be loaded were saved with, when `from_pretrained` was asked for another.
         self._saved_tying_map = config._take_saved_tying_map()
+
+    def _share_by_map(self) -> None:
+        """Make every tied block compute with its root's Parameter objects, as the map says."""
+        blocks = self.tied_blocks
+        for block, root in enumerate(self.tying_map):
+            if root != block:
+                _use_parameters(blocks[block], _block_parameters(blocks[root]))
+
+    def to_empty(self, *, device, recurse: bool = True):
+        """`nn.Module.to_empty`, which gives every Parameter entry a new object (a model built on the meta device,
+        then materialised), then `tie_weights`: the tied blocks (and tied embeddings) get their root's objects
+        again, or each would train a Parameter of its own aliasing the root's storage (stepped once per alias, its
+        optimizer state duplicated)."""
+        result = super().to_empty(device=device, recurse=recurse)
+        self.tie_weights()
+        return result
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """`nn.Module.load_state_dict`; with `assign=True` (a meta-device model given its weights), which sets each
+        entry's tensor as a new Parameter, the ties are made again (`tie_weights`), as after `to_empty`."""
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        if assign:
+            self.tie_weights()
+        return result
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, **kwargs):
         """transformers' `from_pretrained`. A built `config` whose map differs from the checkpoint's is loaded as
         `tying_map=` is: the blocks the checkpoint stores as ties get the weights they were saved sharing."""
         _refuse_adapters_without_peft(pretrained_model_name_or_path)
-        if isinstance(config, TyingConfigMixin) and pretrained_model_name_or_path is not None and "gguf_file" not in kwargs:
+        if kwargs.get("quantization_config") is not None:
+            raise ValueError(
+                f"{cls.__name__}.from_pretrained(..., quantization_config=...): transformers keeps every tied weight out "
+                "of quantization, and here that is every block that shares weights and the block it shares them with, "
+                "so the model would load mostly unquantized. Load it without quantization_config, or quantize its "
+                "plain export (`model.to_untied()`, saved and loaded by transformers' own class)"
+            )
+        # By what it has, as in `__init__`: a config class remote code loaded from another copy of this package.
+        if hasattr(config, "for_checkpoint") and pretrained_model_name_or_path is not None and "gguf_file" not in kwargs:
             download_kwargs = {name: kwargs[name] for name in _DOWNLOAD_KWARGS if name in kwargs}
             config = config.for_checkpoint(pretrained_model_name_or_path, **download_kwargs)
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)

@@ -82,6 +82,21 @@ class TyingMap(Sequence):
             raise ValueError(f"num_blocks must be at least 1, got {num_blocks}")
         return cls(range(num_blocks))
 
+    def __eq__(self, other) -> bool:
+        """Equal to a map, or a list of entries, that shares weights the same way (`TyingMap([0, 0, 1, 1]) ==
+        [0, 0, 0, 0]`); a list that is not a valid map is unequal."""
+        if isinstance(other, TyingMap):
+            return self.entries == other.entries
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        try:
+            return self.entries == TyingMap(other).entries
+        except (TypeError, ValueError):
+            return False
+
+    def __hash__(self) -> int:
+        return hash(self.entries)
+
     def __getitem__(self, index):
         return self.entries[index]
 
