@@ -171,9 +171,14 @@ def test_resolve_tying_map_takes_explicit_entries_or_a_strategy(text, expected):
         ("0 0 5 2", "tying_map[2] = 5 is a forward reference"),
         ("0 -1 1 2", "tying_map[1] = -1 is negative"),
         ("0 0 1", "tying_map has 3 entries but the model has 4 blocks"),
-        ("0 0 ² 1", "unknown tying strategy"),
-        ("0 --1 1 2", "unknown tying strategy '0 --1 1 2'"),
-        ("0 0 ２ 1", "unknown tying strategy"),  # a full-width digit: ASCII entries only
+        ("0 0 ² 1", "tying map '0 0 ² 1': entry 2 ('²') is not an integer in ASCII digits"),
+        ("0 --1 1 2", "entry 1 ('--1') is not an integer"),
+        ("0 0 ２ 1", "entry 2 ('２') is not an integer in ASCII digits"),  # a full-width digit: ASCII entries only
+        ("0,,1,1", "tying map '0,,1,1': entry 1 is empty"),  # not the map 0 1 1 of a 3-block model
+        ("0,1,1,", "entry 3 is empty"),
+        ("0,1,x,2", "entry 2 ('x') is not an integer"),
+        ("cycle:２", "'cycle:U' with U a positive integer"),  # other scripts' digits, which int() reads, refused too
+        ("sequence:٣", "'sequence:U' with U a positive integer"),
     ],
 )
 def test_resolve_tying_map_reports_bad_entries(text, expected):

@@ -579,6 +579,7 @@ def test_maps_that_do_not_fit_the_model_are_rejected_at_construction(tmp_path, o
         (dict(tying_strategy="static:bogus"), "unknown tying strategy 'bogus'"),
         (dict(tying_strategy="static:0,2"), r"tying_map\[1\] = 2 is a forward reference"),
         (dict(tying_strategy="similarity:x"), "similarity needs the number of distinct blocks"),
+        (dict(tying_strategy="similarity:２"), "similarity needs the number of distinct blocks"),
         (dict(tying_strategy="learned"), "tying_strategy='learned'"),
         (dict(tying_strategy=None), "tying_strategy must be a string, got None"),
         (dict(tying_strategy=["dlt"]), r"tying_strategy must be a string, got \['dlt'\]"),

@@ -9,7 +9,7 @@ from ..block_similarity import similarity_tying_map
 from ..checks import check_choice, check_integer
 from ..models.configuration_tying import TIE_INITS
 from ..models.tying_map import TyingMap
-from ..models.tying_strategies import check_static_spec, resolve_tying_map
+from ..models.tying_strategies import check_static_spec, positive_integer, resolve_tying_map
 from ..relaxed_ties import check_lora_settings
 from .base import Decision, Observation, TyingDecisions, split_strategy
 
@@ -92,7 +92,7 @@ class SimilarityDecisions(_OneDecision):
     def resolved_settings(cls, args) -> dict[str, Any]:
         values = super().resolved_settings(args)
         argument = split_strategy(args.tying_strategy)[1]
-        if not (argument.isdecimal() and int(argument) >= 1):
+        if positive_integer(argument) is None:
             raise ValueError(
                 f"tying_strategy={args.tying_strategy!r}: similarity needs the number of distinct blocks, a positive "
                 f"integer, as in 'similarity:4'"

@@ -47,16 +47,20 @@ class SyntheticTyingProblem:
     @classmethod
     def random(cls, num_blocks: int, num_distinct: int, seed: int, **settings) -> SyntheticTyingProblem:
         """A problem whose best map has `num_distinct` blocks owning weights: each block's source drawn uniformly among
-        the blocks up to it, until the map has that many (not uniform over the canonical maps: roots of larger
-        groups come up more often)."""
+        the blocks up to it, given that the map has that many (not uniform over the canonical maps: roots of larger
+        groups come up more often). Maps are redrawn until one has that many; where that is unlikely (block `b` owns
+        its weights with probability 1 / (b + 1), so most blocks owning theirs may take billions of draws), the same
+        distribution is drawn directly after `_REDRAWS` tries."""
         if not 1 <= num_distinct <= num_blocks:
             raise ValueError(f"num_distinct must be in 1..{num_blocks}, got {num_distinct}")
         generator = torch.Generator().manual_seed(seed)
-        while True:
+        for _ in range(_REDRAWS):
             entries = [0] + [int(torch.randint(block + 1, (), generator=generator)) for block in range(1, num_blocks)]
-            best_map = TyingMap(entries)
-            if best_map.num_distinct == num_distinct:
-                return cls(best_map=best_map, seed=seed, **settings)
+            if TyingMap(entries).num_distinct == num_distinct:
+                break
+        else:
+            entries = _entries_with_distinct(num_blocks, num_distinct, generator)
+        return cls(best_map=TyingMap(entries), seed=seed, **settings)
 
     def agreement(self, tying_map: TyingMap) -> float:
         """Share of blocks whose source is the best map's."""
@@ -67,6 +71,33 @@ class SyntheticTyingProblem:
         trend = self.trend_end + (self.trend_start - self.trend_end) * math.exp(-decision_index / self.trend_decisions)
         noise = self.noise * float(torch.randn((), generator=self._generator))
         return trend + self.effect * (1.0 - self.agreement(tying_map)) + noise
+
+
+# Draws of a whole map before `SyntheticTyingProblem.random` draws one with its number of distinct blocks directly.
+_REDRAWS = 1000
+
+
+def _entries_with_distinct(num_blocks: int, num_distinct: int, generator: torch.Generator) -> list[int]:
+    """Entries drawn as `SyntheticTyingProblem.random` draws them, conditioned on `num_distinct` owners: blocks
+    1..L-1 own their weights independently with probability 1 / (b + 1); `weight[b][k]` is the probability that
+    blocks b.. hold exactly k owners, so each block is drawn given how many owners the rest must still hold; a
+    block that does not own its weights takes a source uniformly among the blocks before it."""
+    owns = [1.0 / (block + 1) for block in range(num_blocks)]
+    weight = [[0.0] * num_distinct for _ in range(num_blocks + 1)]
+    weight[num_blocks][0] = 1.0
+    for block in range(num_blocks - 1, 0, -1):
+        for owners in range(num_distinct):
+            tied = (1 - owns[block]) * weight[block + 1][owners]
+            weight[block][owners] = tied + (owns[block] * weight[block + 1][owners - 1] if owners else 0.0)
+    entries, needed = [0], num_distinct - 1
+    for block in range(1, num_blocks):
+        chance = owns[block] * weight[block + 1][needed - 1] / weight[block][needed] if needed else 0.0
+        if float(torch.rand((), generator=generator)) < chance:
+            entries.append(block)
+            needed -= 1
+        else:
+            entries.append(int(torch.randint(block, (), generator=generator)))
+    return entries
 
 
 def run_synthetic(

@@ -77,6 +77,12 @@ _WITH_DISTINCT: dict[str, Callable[[int, int], list[int]]] = {
 STRATEGY_NAMES: tuple[str, ...] = tuple(_FIXED) + tuple(f"{name}:U" for name in _WITH_DISTINCT)
 
 
+def positive_integer(text: str) -> int | None:
+    """`text` as a positive integer written in ASCII digits (the U of `cycle:U`), else None: other scripts' digits,
+    which `int` reads too, would give a run's name and card a U other tools cannot parse."""
+    return int(text) if re.fullmatch(r"\d+", text, flags=re.ASCII) and int(text) >= 1 else None
+
+
 def check_strategy_spec(spec: str) -> tuple[str, int | None]:
     """Validate a spec's syntax without knowing the model; returns `(name, U or None)`."""
     if not isinstance(spec, str) or not spec.strip():
@@ -88,7 +94,7 @@ def check_strategy_spec(spec: str) -> tuple[str, int | None]:
         return name, None
     if name not in _WITH_DISTINCT:
         raise ValueError(f"unknown tying strategy {name!r} in {spec!r}; expected one of {', '.join(STRATEGY_NAMES)}")
-    if not argument.isdecimal() or int(argument) < 1:
+    if positive_integer(argument) is None:
         raise ValueError(
             f"tying strategy {name!r} needs the number of distinct blocks as '{name}:U' with U a positive "
             f"integer, got {spec!r}"
@@ -109,11 +115,17 @@ def parse_strategy(spec: str, num_blocks: int) -> TyingMap:
 
 
 def _explicit_entries(text: str) -> list[int] | None:
-    """`"0 0 2 2"` or `"0,0,2,2"` as integers; None when `text` is not a list of integers."""
-    entries = text.replace(",", " ").split()
-    if entries and all(re.fullmatch(r"-?\d+", entry, flags=re.ASCII) for entry in entries):
-        return [int(entry) for entry in entries]
-    return None
+    """`"0 0 2 2"` or `"0,0,2,2"` as integers; None when `text` names a strategy (it starts with a letter). Entries
+    separated by commas are each checked, so that a typo such as `"0,,1,1"` is not read as the map `0 1 1`."""
+    text = text.strip()
+    if not text or text[0].isalpha() or text[0] == "_":
+        return None
+    fields = [field.strip() for field in text.split(",")] if "," in text else text.split()
+    for position, field in enumerate(fields):
+        if not re.fullmatch(r"-?\d+", field, flags=re.ASCII):
+            problem = "is empty" if not field else f"({field!r}) is not an integer in ASCII digits"
+            raise ValueError(f"tying map {text!r}: entry {position} {problem}")
+    return [int(field) for field in fields]
 
 
 def check_static_spec(text: str) -> None:
