@@ -126,10 +126,24 @@ def test_tying_and_distillation_settings_on_an_evaluation_alone_are_refused(tmp_
     parse_arguments(CAUSAL_LM, [*evaluation, *flags, "--do_train"])
 
 
-def test_streaming_with_several_loader_workers_is_refused(tmp_path):
-    """Each worker would count the stream's rows from 0: the validation rows it skips are not those evaluated."""
-    with pytest.raises(ValueError, match="--streaming with --dataloader_num_workers 2: each worker reads its own shards"):
-        parse_arguments(CAUSAL_LM, ["--streaming", "--max_steps", "4", "--max_eval_samples", "4", "--dataloader_num_workers", "2"])
+def test_streaming_with_several_loader_workers_is_refused_where_rows_are_held_out_by_index(tmp_path):
+    """Each worker would count the stream's rows from 0: the validation rows it skips would not be those evaluated.
+    A source with a validation split of its own holds out nothing by index: several workers may read it."""
+    (tmp_path / "own").mkdir()
+    (tmp_path / "train_only").mkdir()
+    for folder, splits in (("own", ("train", "validation")), ("train_only", ("train",))):
+        for split in splits:
+            (tmp_path / folder / f"{split}.txt").write_text("some text\n" * 20)
+    streamed = ["--streaming", "--max_steps", "4", "--max_eval_samples", "4", "--dataloader_num_workers", "2", "--do_train",
+                "--do_eval", "--output_dir", str(tmp_path / "run")]  # fmt: skip
+    refused = "--streaming with --dataloader_num_workers 2: each worker reads its own shards"
+    for data in (["--dataset_name", str(tmp_path / "train_only")], ["--train_file", str(tmp_path / "train_only" / "train.txt")]):
+        with pytest.raises(ValueError, match=refused):
+            parse_arguments(CAUSAL_LM, [*streamed, *data])
+    with pytest.raises(ValueError, match=refused):  # a held-out reward's blocks are held out by index
+        parse_arguments(CAUSAL_LM, [*streamed, "--dataset_name", str(tmp_path / "own"), "--reward_source", "held_out"])
+    for data in (["--dataset_name", str(tmp_path / "own")], []):  # the embedded corpus has its validation plays
+        parse_arguments(CAUSAL_LM, [*streamed, *data])
 
 
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])

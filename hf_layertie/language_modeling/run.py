@@ -32,6 +32,7 @@ from ..toolkit import (
     bigram_loss,
     finished_training_step,
     fit_tokenizer_to_model,
+    has_own_validation_split,
     load_model,
     load_text_datasets,
     load_tokenizer,
@@ -129,25 +130,28 @@ def parse_arguments(task: LanguageModelingTask, argv: list[str] | None = None) -
             "--do_train"
         )
     if data_args.streaming:
-        check_streaming_arguments(data_args, training_args)
+        check_streaming_arguments(model_args, data_args, training_args)
     return arguments
 
 
-def check_streaming_arguments(data_args: DataTrainingArguments, training_args: TyingTrainingArguments) -> None:
-    """A stream has no length: training needs a number of steps, and evaluation a number of blocks to read."""
+def check_streaming_arguments(
+    model_args: ModelArguments, data_args: DataTrainingArguments, training_args: TyingTrainingArguments
+) -> None:
+    """A stream has no length: training needs a number of steps, and evaluation a number of blocks to read; rows
+    held out by their index need one reader."""
     if training_args.do_train and training_args.max_steps <= 0:
         raise ValueError(
             "--streaming needs --max_steps to train: a stream has no length, so the Trainer cannot tell how many "
             "steps --num_train_epochs makes. Pass --max_steps N (or drop --streaming)"
         )
-    held_out_by_index = data_args.validation_file is None or training_args.reward_source == "held_out"
-    if training_args.do_train and training_args.dataloader_num_workers > 1 and held_out_by_index:
+    workers = training_args.dataloader_num_workers
+    if training_args.do_train and workers > 1 and _holds_out_by_index(data_args, training_args, model_args.cache_dir):
         raise ValueError(
-            f"--streaming with --dataloader_num_workers {training_args.dataloader_num_workers}: each worker reads its own "
-            "shards of the stream and counts its rows from 0, so the rows held out by their index (for validation, "
-            "where the source may have no validation split of its own, and a held-out reward's blocks) would not be "
-            "those training skips, and would be trained on. Pass --dataloader_num_workers 0 or 1, or a "
-            "--validation_file with a reward from the training loss"
+            f"--streaming with --dataloader_num_workers {workers}: each worker reads its own shards of the stream and "
+            "counts its rows from 0, so the rows held out by their index (for validation, where the source has no "
+            "validation split of its own, and a held-out reward's blocks) would not be those training skips, and "
+            "would be trained on. Pass --dataloader_num_workers 0 or 1, or a --validation_file (or a dataset with a "
+            "validation split) with a reward from the training loss"
         )
     if training_args.do_eval and data_args.max_eval_samples is None:
         raise ValueError(
@@ -155,6 +159,16 @@ def check_streaming_arguments(data_args: DataTrainingArguments, training_args: T
             "into memory and evaluated (a stream's end is unknown). Pass --max_eval_samples N, or evaluate nothing "
             "(--do_eval false, and --eval_strategy no where the run's default evaluates during training)"
         )
+
+
+def _holds_out_by_index(data_args: DataTrainingArguments, training_args: TyingTrainingArguments, cache_dir: str | None) -> bool:
+    """Whether a streamed run holds rows of its training stream out by their index: a held-out reward's blocks, and
+    the validation rows of a source without a validation split (the embedded corpus has one)."""
+    if training_args.reward_source == "held_out":
+        return True
+    if data_args.dataset_name is not None:
+        return not has_own_validation_split(data_args.dataset_name, data_args.dataset_config_name, cache_dir)
+    return data_args.train_file is not None and data_args.validation_file is None
 
 
 def run(task: LanguageModelingTask, argv: list[str] | None = None) -> dict[str, float]:

@@ -14,6 +14,7 @@ from .checkpoints import (
 )
 from .data import (
     fit_tokenizer_to_model,
+    has_own_validation_split,
     load_text_datasets,
     read_stream,
     resolve_block_size,
@@ -35,6 +36,7 @@ __all__ = [
     "checkpoint_to_resume",
     "finished_training_step",
     "fit_tokenizer_to_model",
+    "has_own_validation_split",
     "last_complete_checkpoint",
     "load_model",
     "load_text_datasets",

@@ -22,6 +22,17 @@ logger = logging.getLogger(__name__)
 BUILDER_BY_EXTENSION = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 
 
+def has_own_validation_split(dataset_name: str, dataset_config_name: str | None = None, cache_dir: str | None = None) -> bool:
+    """Whether a `datasets` name (a Hub id or a local folder) holds a `validation` split, from its split names,
+    read without loading it; False where they cannot be read (no network, an unknown name: `load_dataset` says
+    what is wrong when it runs)."""
+    try:
+        names = datasets.get_dataset_split_names(dataset_name, dataset_config_name, cache_dir=cache_dir)
+    except Exception:  # noqa: BLE001 (the answer is only 'not known to have one')
+        return False
+    return "validation" in names
+
+
 def load_text_datasets(
     dataset_name: str | None = None,
     dataset_config_name: str | None = None,
