@@ -148,9 +148,7 @@ def format_value(value, style: str | None, record: dict | None = None, path: str
     if style == "verdict":
         return verdict_cell(value)
     if style == "difference":
-        if "mean" not in value:
-            return left_out_note(value).strip()
-        return estimate(value["mean"], value.get("half_width"), signed=True) + left_out_note(value)
+        return difference_cell(value)
     if style == "pairs":
         return "; ".join(f"{key}: {item}" for key, item in value.items())
     if style == "seeds":
@@ -175,14 +173,25 @@ def verdict_cell(difference: dict | None, qualifier: str = "") -> str:
     return f"{text} ({difference['verdict']}{qualifier}){left_out_note(difference)}"
 
 
+def difference_cell(difference: dict) -> str:
+    """A paired difference as a table cell: `+x ± y`, with the seeds it could not pair (`left_out_note`)."""
+    if "mean" not in difference:
+        return left_out_note(difference).strip()
+    return estimate(difference["mean"], difference.get("half_width"), signed=True) + left_out_note(difference)
+
+
 def left_out_note(difference: dict) -> str:
     """What a paired difference could not pair: `left_out` of the row's seeds, for the reason `left_out_why` (e.g.
     the row and its baseline read different teachers, or the baseline lacks them); "" where it paired them all."""
     if not difference.get("left_out"):
         return ""
     if "mean" not in difference:
-        return f" not paired: {difference['left_out_why']} on {difference['left_out']} seeds"
-    return f" [paired on {difference['seeds']} seeds; {difference['left_out_why']} on {difference['left_out']}]"
+        return f" not paired: {difference['left_out_why']} on {_seeds(difference['left_out'])}"
+    return f" [paired on {_seeds(difference['seeds'])}; {difference['left_out_why']} on {difference['left_out']}]"
+
+
+def _seeds(count: int) -> str:
+    return f"{count} seed{'' if count == 1 else 's'}"
 
 
 def _settings_table() -> str:

@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from .markdown_tables import MIB, estimate  # noqa: E402
+from .markdown_tables import MIB, difference_cell, estimate  # noqa: E402
 from .markdown_tables import verdict_cell as _plain_verdict_cell  # noqa: E402
 from .measure import evaluation_coverage  # noqa: E402
 from .provenance import hardware, source, source_lines  # noqa: E402
@@ -348,9 +348,8 @@ def _layout_name(label: str | None) -> str:
 
 
 def _cell(difference: dict | None) -> str:
-    if difference is None:
-        return ""
-    return estimate(difference["mean"], difference["half_width"], signed=True)
+    """A paired difference, saying the seeds it could not pair (a row's seeds count shows the row's, not the pair's)."""
+    return "" if difference is None else difference_cell(difference)
 
 
 PROCESS_PEAK_NAMES = {"cuda_max_memory_allocated": "peak CUDA allocated", "cpu_vm_hwm": "peak RSS", "cpu_max_rss_bytes_macos": "peak RSS"}
