@@ -313,11 +313,23 @@ def test_finetune_split_holds_out_a_fixed_tail(size, eval_fraction):
     assert lambada_finetune_split(passages, eval_fraction) == (train, held_out)
 
 
-def test_finetune_split_of_the_real_file_is_documented():
+def test_finetune_split_of_the_real_file_is_documented_and_scores_no_text_fine_tuning_read(caplog):
+    """Passages of one novel overlap: 13 of the last 515 share a run of 8 words with a training passage (7 end on
+    words a training passage holds, target included) and are not scored."""
     passages = read_lambada_jsonl(LAMBADA_TEST_FILE)
-    train, held_out = lambada_finetune_split(passages)
-    assert (len(train), len(held_out)) == (4638, 515)
-    assert held_out == passages[-515:]
+    with caplog.at_level("WARNING"):
+        train, held_out = lambada_finetune_split(passages)
+    assert (len(train), len(held_out)) == (4638, 502) and train == passages[:4638]
+    assert "13 of the 515 held-out LAMBADA passages share a run of 8 words with a training passage" in caplog.text
+    assert set(held_out) <= set(passages[-515:])
+    trained = {" ".join(words[start : start + 8]) for words in map(str.split, train) for start in range(len(words) - 7)}
+    assert not any(" ".join(words[start : start + 8]) in trained for words in map(str.split, held_out) for start in range(len(words) - 7))
+
+
+def test_a_held_out_passage_sharing_words_with_a_trained_one_is_not_scored():
+    trained = "she opened the door and looked out at the garden where zoe waited"
+    passages = [trained, "a passage of its own", "he said that she looked out at the garden where zoe waited", "nothing shared here"]
+    assert lambada_finetune_split(passages, 0.5) == ([trained, "a passage of its own"], ["nothing shared here"])
 
 
 @pytest.mark.parametrize("eval_fraction", [0.0, 1.0, -0.1])

@@ -1,9 +1,16 @@
 """Fine-tuning on LAMBADA text with a fixed hold-out, since only the test release exists offline."""
 
+import logging
 from collections.abc import Sequence
 
 import datasets
 from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+# Words in a run that a held-out passage may not share with a training passage. LAMBADA's passages come from novels
+# and carry no novel id: passages of one novel overlap, some ending on words a training passage holds.
+SHARED_RUN_WORDS = 8
 
 
 def lambada_finetune_split(passages: Sequence[str], eval_fraction: float = 0.1) -> tuple[list[str], list[str]]:
@@ -11,7 +18,10 @@ def lambada_finetune_split(passages: Sequence[str], eval_fraction: float = 0.1) 
 
     `round(len(passages) * eval_fraction)` passages (at least one) at the end of the list are held
     out, in file order; no randomness, so every run and every user holds out the same passages.
-    For the full 5,153-passage test file and the default 0.1: 4,638 train, the last 515 eval.
+    Those that share a run of `SHARED_RUN_WORDS` words with a training passage are not scored (a
+    warning counts them): fine-tuning would have read their text, target word included.
+    For the full 5,153-passage test file and the default 0.1: 4,638 train, of the last 515 passages
+    502 are scored.
     """
     if not 0 < eval_fraction < 1:
         raise ValueError(f"eval_fraction must be strictly between 0 and 1, got {eval_fraction}")
@@ -20,7 +30,22 @@ def lambada_finetune_split(passages: Sequence[str], eval_fraction: float = 0.1) 
         raise ValueError(
             f"eval_fraction={eval_fraction} of {len(passages)} passages leaves no passage to train on"
         )
-    return list(passages[:-num_eval]), list(passages[-num_eval:])
+    train, tail = list(passages[:-num_eval]), list(passages[-num_eval:])
+    trained_runs = set().union(*map(_word_runs, train))
+    held_out = [passage for passage in tail if trained_runs.isdisjoint(_word_runs(passage))]
+    if not held_out:
+        raise ValueError(f"every one of the last {num_eval} passages shares text with a training passage: nothing to score")
+    if len(held_out) < len(tail):
+        logger.warning(
+            f"{len(tail) - len(held_out)} of the {len(tail)} held-out LAMBADA passages share a run of "
+            f"{SHARED_RUN_WORDS} words with a training passage and are not scored: {len(held_out)} are"
+        )
+    return train, held_out
+
+
+def _word_runs(passage: str) -> set[tuple[str, ...]]:
+    words = passage.split()
+    return {tuple(words[start : start + SHARED_RUN_WORDS]) for start in range(len(words) - SHARED_RUN_WORDS + 1)}
 
 
 def lambada_causal_lm_dataset(

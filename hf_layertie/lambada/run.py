@@ -3,7 +3,7 @@
 - `--do_eval` alone: the standard protocol over every passage of `--lambada_file`.
 - `--do_train`: fine-tune on the passages before the fixed hold-out (`lambada_finetune_split`: the last
   `--eval_fraction` of the file), with the tying strategy of the training arguments; `--do_eval` then
-  scores the held-out passages only, never one that was trained on.
+  scores the held-out passages that share no run of 8 words with a trained one (passages of one novel overlap).
 
 Metrics (`eval_lambada_accuracy`, `eval_lambada_perplexity`, ...) go through the Trainer's metrics
 (`log_metrics`, `eval_results.json`) and into the model card.
