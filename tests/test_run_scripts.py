@@ -265,6 +265,36 @@ def test_the_count_baseline_counts_the_training_blocks_kept_and_scores_those_eva
     assert metrics["eval_bigram_loss"] == pytest.approx(bigram_loss(counted, scored, len(tokenizer)))
 
 
+def test_a_masked_model_s_held_out_loss_is_the_mean_over_the_tokens_it_scored_and_repeats_exactly(tmp_path, text_files):
+    """run_mlm.py masks the evaluation blocks once, as many tokens in each: the loss printed is the mean loss of
+    those tokens however the blocks fall into batches (3, 3 and 1 here), and evaluating the model again, in another
+    process state, scores the same tokens. The unigram beside it is scored on them too."""
+    from hf_layertie.language_modeling.run import _text_data_and_model, parse_arguments
+    from hf_layertie.toolkit import mask_evaluation_blocks
+    from hf_layertie.toolkit.baselines import unigram_loss
+
+    evaluation = ["--max_eval_samples", "7", "--per_device_eval_batch_size", "3"]
+    flags = tiny_flags(tmp_path / "run", text_files, TINY_BERT, "--tying_strategy", "static:cycle:2", *evaluation)
+    metrics = run(MASKED_LM, flags)
+    again = run(MASKED_LM, [*evaluation, "--model_name_or_path", str(tmp_path / "run"), "--do_eval",
+                            "--validation_file", str(text_files / "validation.txt"), "--block_size", "32",
+                            "--output_dir", str(tmp_path / "again"), "--report_to", "none"])  # fmt: skip
+    assert again["eval_loss"] == metrics["eval_loss"]
+
+    model_args, data_args, training_args = parse_arguments(MASKED_LM, flags)
+    grouped, tokenizer, _ = _text_data_and_model(MASKED_LM, model_args, data_args)
+    scored = mask_evaluation_blocks(grouped["validation"].select(range(7)), tokenizer, 0.15, training_args.seed)
+    labels = torch.tensor(scored["labels"])
+    assert len(set((labels != -100).sum(dim=1).tolist())) == 1  # as many scored tokens in every block
+    model = AutoModelForMaskedLM.from_pretrained(tmp_path / "run").eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor(scored["input_ids"]), attention_mask=torch.tensor(scored["attention_mask"])).logits
+    by_hand = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100).item()
+    assert metrics["eval_loss"] == pytest.approx(by_hand, rel=1e-5)
+    train = grouped["train"]["input_ids"]
+    assert metrics["eval_unigram_loss"] == pytest.approx(unigram_loss(train, [row[row != -100] for row in labels], len(tokenizer), tokenizer.all_special_ids))
+
+
 def test_the_unigram_baseline_is_the_hand_computed_loss_on_the_tokens_a_masked_model_is_asked_for():
     """Special tokens ([CLS] 0, [SEP] 1) are never masked: neither counted nor scored, and given no mass."""
     from hf_layertie.toolkit.baselines import unigram_loss

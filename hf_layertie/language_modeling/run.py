@@ -36,6 +36,7 @@ from ..toolkit import (
     load_model,
     load_text_datasets,
     load_tokenizer,
+    mask_evaluation_blocks,
     missing_checkpoint_files,
     parse_command_line,
     process_group_ended,
@@ -243,6 +244,10 @@ def _train_and_evaluate(
         eval_dataset = read_stream(grouped["validation"], data_args.max_eval_samples if training_args.do_eval else 1)
     else:
         eval_dataset = take_first(grouped["validation"], data_args.max_eval_samples)
+    # The blocks as read (the sample's prompt, the baseline's tokens); a masked LM scores them masked once.
+    eval_blocks = eval_dataset
+    if task.masked and training_args.do_eval:
+        eval_dataset = mask_evaluation_blocks(eval_blocks, tokenizer, data_args.masked_share, training_args.seed)
     trainer = TyingTrainer(
         model=model,
         # Evaluation alone scores the model as it was saved: no strategy re-ties it.
@@ -279,7 +284,7 @@ def _train_and_evaluate(
             # Counted by the process that reports it (save_metrics, the card, the printout): every process would hold
             # the whole training split's tokens again. A stream does not hold a training split to count.
             counted = train_dataset if train_dataset is not None else grouped.get("train")
-            eval_metrics.update(_baseline(task, tokenizer, counted, eval_dataset))
+            eval_metrics.update(_baseline(task, tokenizer, counted, eval_dataset))  # a masked LM: the tokens it scored
         trainer.log_metrics("eval", eval_metrics)
         _drop_saved_evaluation(trainer, output_dir)  # merged in, keys an earlier evaluation had would stay
         trainer.save_metrics("eval", eval_metrics)
@@ -294,7 +299,7 @@ def _train_and_evaluate(
         if hop_task:
             print_multihop_report(metrics)
         else:
-            _print_report(task, metrics, trainer.model, tokenizer, eval_dataset, data_args.sample_max_new_tokens)
+            _print_report(task, metrics, trainer.model, tokenizer, eval_blocks, data_args.sample_max_new_tokens)
     return metrics
 
 
@@ -357,8 +362,21 @@ def _load_model(task: LanguageModelingTask, model_args: ModelArguments, tokenize
 
 def _collator(task: LanguageModelingTask, tokenizer, mlm_probability: float):
     if task.masked:
-        return DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability)
+        return _MaskedLanguageModelingCollator(DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability))
     return default_data_collator
+
+
+@dataclass
+class _MaskedLanguageModelingCollator:
+    """Training blocks masked anew in each batch by transformers' collator; blocks that carry their `labels` (the
+    evaluation's, masked once by `mask_evaluation_blocks`) stacked as they are."""
+
+    masking: DataCollatorForLanguageModeling
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        if "labels" in examples[0]:
+            return default_data_collator(examples)
+        return self.masking(examples)
 
 
 def _baseline(task: LanguageModelingTask, tokenizer, counted, evaluated) -> dict[str, float]:
@@ -368,8 +386,9 @@ def _baseline(task: LanguageModelingTask, tokenizer, counted, evaluated) -> dict
     if counted is None:
         return {}
     train, validation = (blocks.with_format("torch")["input_ids"] for blocks in (counted, evaluated))
-    if task.masked:
-        return {"eval_unigram_loss": unigram_loss(train, validation, len(tokenizer), tokenizer.all_special_ids)}
+    if task.masked:  # the tokens the model was asked for: the evaluation blocks' labels
+        scored = [labels[labels != -100] for labels in evaluated.with_format("torch")["labels"]]
+        return {"eval_unigram_loss": unigram_loss(train, scored, len(tokenizer), tokenizer.all_special_ids)}
     return {"eval_bigram_loss": bigram_loss(train, validation, len(tokenizer))}
 
 

@@ -12,6 +12,7 @@ import os
 from itertools import chain
 
 import datasets
+import torch
 from accelerate import PartialState
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -171,6 +172,36 @@ def fit_tokenizer_to_model(tokenizer: PreTrainedTokenizerBase, model: PreTrained
     model's positions). Call it once the training data is tokenized: rows cut into blocks may be longer, and the
     tokenizer would warn about them."""
     tokenizer.model_max_length = model.config.max_position_embeddings
+
+
+def mask_evaluation_blocks(
+    blocks: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, mlm_probability: float, seed: int
+) -> datasets.Dataset:
+    """A masked LM's evaluation blocks, masked once (`input_ids` masked, `labels` the tokens to predict), so that
+    every evaluation scores the same tokens and the printed loss is their mean.
+
+    `DataCollatorForLanguageModeling` draws new masks per batch from the global random state (another loss at
+    each evaluation of one model), and the Trainer averages each batch's mean with the batch's rows as weights,
+    which is the mean over scored tokens only where every row scores as many. So every block scores the same
+    number of tokens: `mlm_probability` of the fewest maskable tokens a block holds (at least 1), chosen at random
+    among its tokens outside `all_special_ids` (which the collator never masks either), then replaced as BERT
+    does: 80% by the mask token, 10% by a random token, 10% kept.
+    """
+    special_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
+    ids = torch.tensor(blocks["input_ids"], dtype=torch.long)
+    maskable = ~torch.isin(ids, special_ids)
+    count = max(1, round(mlm_probability * int(maskable.sum(dim=1).min())))
+    generator = torch.Generator().manual_seed(seed)
+    # The `count` maskable positions of lowest draw in each row; special positions draw above every other.
+    draws = torch.rand(ids.shape, generator=generator).masked_fill(~maskable, 2.0)
+    chosen = torch.zeros_like(maskable).scatter(1, draws.argsort(dim=1)[:, :count], True)
+    replacement = torch.rand(ids.shape, generator=generator)
+    random_tokens = torch.randint(len(tokenizer), ids.shape, generator=generator)
+    masked = ids.masked_fill(chosen & (replacement < 0.8), tokenizer.mask_token_id)
+    masked = torch.where(chosen & (replacement >= 0.8) & (replacement < 0.9), random_tokens, masked)
+    return blocks.remove_columns([name for name in ("input_ids", "labels") if name in blocks.column_names]).add_column(
+        "input_ids", masked.tolist()
+    ).add_column("labels", ids.masked_fill(~chosen, -100).tolist())
 
 
 def tokenize_and_group(
