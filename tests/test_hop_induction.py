@@ -44,15 +44,21 @@ def test_the_splits_are_seeded_and_differ():
     assert first["train"]["input_ids"] != first["validation"]["input_ids"] != first["test"]["input_ids"]
 
 
-def test_no_evaluation_example_is_a_training_example(caplog):
-    """A small task's example space repeats examples across splits: the repeats are held out of evaluation."""
+def test_no_evaluation_example_is_a_training_example_or_counted_twice(caplog):
+    """A small task's example space repeats examples across and within splits: the repeats are held out of
+    evaluation (a training example, one earlier in the split, a validation example in test)."""
     config = HopInductionConfig(length=10, max_hops=2, train_examples=5000, eval_examples=200)
     with caplog.at_level("WARNING"):
         splits = hop_induction_datasets(config, seed=0)
     trained = {tuple(ids) for ids in splits["train"]["input_ids"]}
-    for split in ("validation", "test"):
-        assert 0 < len(splits[split]) < 200 and not trained & {tuple(ids) for ids in splits[split]["input_ids"]}
-        assert f"of the 200 generated {split} examples are also training examples" in caplog.text
+    held_out = {split: [tuple(ids) for ids in splits[split]["input_ids"]] for split in ("validation", "test")}
+    for split, examples in held_out.items():
+        assert 0 < len(examples) < 200 and not trained & set(examples) and len(set(examples)) == len(examples)
+        assert f"of the 200 generated {split} examples repeat a training example or one held out before" in caplog.text
+    assert not set(held_out["validation"]) & set(held_out["test"])
+    small = HopInductionConfig(length=6, num_letters=3, max_hops=2, train_examples=50, eval_examples=50)
+    evaluated = hop_induction_datasets(small, seed=0)["validation"]["input_ids"]
+    assert len({tuple(ids) for ids in evaluated}) == len(evaluated)
     tiny = HopInductionConfig(length=2, num_letters=2, max_hops=1, train_examples=200, eval_examples=10)
     with pytest.raises(ValueError, match="every generated validation example is also a training example"):
         hop_induction_datasets(tiny, seed=0)

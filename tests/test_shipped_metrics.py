@@ -95,3 +95,8 @@ def test_perplexity_beyond_float_range_is_infinite(perplexity):
 def test_perplexity_rejects_bad_input_by_index(perplexity, nlls, counts, message):
     with pytest.raises(ValueError, match=message):
         perplexity.compute(negative_log_likelihoods=nlls, token_counts=counts)
+
+
+def test_an_accuracy_of_no_example_is_refused_clearly():
+    with pytest.raises(ValueError, match="multihop_accuracy needs at least one prediction"):
+        load_metric("multihop_accuracy").compute(predictions=[], references=[], hops=[])

@@ -37,7 +37,8 @@ class HopInductionConfig:
         num_letters: the alphabet (`a`, `b`, ...); the authors use 4.
         min_hops, max_hops: each example's `k` is drawn uniformly from min_hops..max_hops.
         train_examples, eval_examples: rows of the `train` split, and generated for each of `validation` and
-            `test` (each split from its own seed; those that are also training examples are left out).
+            `test` (each split from its own seed; repeats of a training example or of one held out before are
+            left out).
     """
 
     length: int = 64

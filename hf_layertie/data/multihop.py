@@ -89,7 +89,7 @@ class MultiHopConfig:
             token per assignment, `?c 7` per question).
         queries: `"last"` (the last variable of distinct chains) or `"any"` (any variable, chains may repeat).
         train_examples, eval_examples: rows of the `train` split, and generated for each of `validation` and
-            `test` (different seeds; those that are also training examples are left out).
+            `test` (different seeds; repeats of a training example or of one held out before are left out).
     """
 
     num_chains: int = 6
@@ -170,15 +170,20 @@ def word_level_tokenizer(vocabulary: list[str], pad: str) -> PreTrainedTokenizer
 
 def generated_splits(rows, train_examples: int, eval_examples: int, seed: int) -> datasets.DatasetDict:
     """Train, validation and test of a generated task, `rows(count, seed)` each, from seeds far apart: no split
-    repeats another's stream of examples, and each is the same for the same `seed`. An evaluation example that is
-    also a training example (the settings of a small task allow few distinct examples) is left out, with a warning:
-    a model that memorised it would be scored on it."""
+    repeats another's stream of examples, and each is the same for the same `seed`. An evaluation example seen
+    before (a training example, one earlier in its split, or, for test, a validation example: the settings of a
+    small task allow few distinct examples) is left out, with a warning: a model that memorised it would be scored
+    on it, and a repeat would count twice."""
     train = rows(train_examples, seed)
     seen = {tuple(ids) for ids in train["input_ids"]}
     splits = {"train": datasets.Dataset.from_dict(train)}
     for split, offset in (("validation", 1_000_003), ("test", 2_000_006)):
         columns = rows(eval_examples, seed + offset)
-        unseen = [index for index, ids in enumerate(columns["input_ids"]) if tuple(ids) not in seen]
+        unseen = []
+        for index, ids in enumerate(columns["input_ids"]):
+            if tuple(ids) not in seen:
+                unseen.append(index)
+                seen.add(tuple(ids))
         if not unseen:
             raise ValueError(
                 f"every generated {split} example is also a training example: the task's settings allow too few "
@@ -186,8 +191,8 @@ def generated_splits(rows, train_examples: int, eval_examples: int, seed: int) -
             )
         if len(unseen) < eval_examples:
             logger.warning(
-                f"{eval_examples - len(unseen)} of the {eval_examples} generated {split} examples are also training "
-                "examples (the task's settings allow few distinct examples): they are left out"
+                f"{eval_examples - len(unseen)} of the {eval_examples} generated {split} examples repeat a training "
+                "example or one held out before them (the task's settings allow few distinct examples): they are left out"
             )
             columns = {name: [values[index] for index in unseen] for name, values in columns.items()}
         splits[split] = datasets.Dataset.from_dict(columns)

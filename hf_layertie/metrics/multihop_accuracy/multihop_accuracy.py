@@ -39,6 +39,8 @@ class MultihopAccuracy(evaluate.Metric):
         )
 
     def _compute(self, predictions, references, hops):
+        if not references:
+            raise ValueError("multihop_accuracy needs at least one prediction, reference and hop count, got none")
         correct_by_hops, count_by_hops = {}, {}
         for prediction, reference, hop in zip(predictions, references, hops):
             correct_by_hops[hop] = correct_by_hops.get(hop, 0) + int(prediction == reference)
