@@ -52,7 +52,7 @@ from transformers import HfArgumentParser
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.compress_report import write_report  # noqa: E402
-from bench.markdown_tables import refresh_markdown  # noqa: E402
+from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.compress_run import run_row  # noqa: E402
 from bench.compress_settings import PRESETS, CompressSettings, Row, plan, row_dir, seed_dir, teacher_ready  # noqa: E402
 from bench.measure import task_data  # noqa: E402
@@ -117,8 +117,9 @@ def main() -> None:
     _claim(output, settings)
     failures = [] if args.report_only else _run_all(settings, output, args.jobs)
     reported = with_preset_seeds(settings, PRESETS[args.preset])
-    print(f"\nReport: {write_report(reported, plan(reported), output, args.report())}")
-    refresh_markdown()
+    report = write_report(reported, plan(reported), output, args.report())
+    print(f"\nReport: {report}")
+    refresh_after_report(report)
     if failures:
         sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
 

@@ -186,11 +186,11 @@ def left_out_note(difference: dict) -> str:
     if not difference.get("left_out"):
         return ""
     if "mean" not in difference:
-        return f" not paired: {difference['left_out_why']} on {_seeds(difference['left_out'])}"
-    return f" [paired on {_seeds(difference['seeds'])}; {difference['left_out_why']} on {difference['left_out']}]"
+        return f" not paired: {difference['left_out_why']} on {seeds_text(difference['left_out'])}"
+    return f" [paired on {seeds_text(difference['seeds'])}; {difference['left_out_why']} on {difference['left_out']}]"
 
 
-def _seeds(count: int) -> str:
+def seeds_text(count: int) -> str:
     return f"{count} seed{'' if count == 1 else 's'}"
 
 
@@ -233,6 +233,13 @@ def stale_blocks(path: Path, root: Path = REPO_ROOT) -> list[str]:
     """The JSON of each block of `path` whose table differs from what its source regenerates."""
     text = path.read_text()
     return [match.group(1) for match in BLOCK.finditer(text) if match.group(2) != render(json.loads(match.group(1)), root)]
+
+
+def refresh_after_report(report: Path) -> None:
+    """Refresh the tables after a report was written where they read reports (`bench/reports/`); a report sent
+    elsewhere (an experiment, a check into a temporary folder) changes no table, and the Markdown is left alone."""
+    if report.resolve().is_relative_to((REPO_ROOT / "bench" / "reports").resolve()):
+        refresh_markdown()
 
 
 def refresh_markdown(root: Path = REPO_ROOT, strict: bool = False) -> list[Path]:

@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from .markdown_tables import MIB, difference_cell, estimate  # noqa: E402
+from .markdown_tables import MIB, difference_cell, estimate, seeds_text  # noqa: E402
 from .markdown_tables import verdict_cell as _plain_verdict_cell  # noqa: E402
 from .measure import evaluation_coverage  # noqa: E402
 from .provenance import hardware, source, source_lines  # noqa: E402
@@ -330,10 +330,6 @@ def static_candidates(settings: BenchSettings) -> list[str]:
     return [f"{layout} @ {where}" for layout in STATIC_LAYOUTS]
 
 
-def _seeds(count: int) -> str:
-    return "1 seed" if count == 1 else f"{count} seeds"
-
-
 def _best_static_words(settings: BenchSettings, best: str | None) -> str:
     where = "the budget" if settings.recipe_rows else "DLT's final budget"
     return (
@@ -485,7 +481,7 @@ def _partial_loop_markdown(settings: BenchSettings, payload: dict) -> str:
             if difference is not None and name in LOOP_CONTRASTS:
                 lines.append(
                     f"- {label} vs {untied if name == 'untied U' else name.replace('loop at', 'the same loop at the')}: {difference['verdict']} "
-                    f"({_cell(difference)} nats, {_seeds(difference['seeds'])}{_equivalence_note(difference)})"
+                    f"({_in_words(difference)}{_equivalence_note(difference)})"
                     + _accuracy_verdict(accuracy_versus.get(name))
                 )
     lines += source_lines(study)
@@ -591,7 +587,7 @@ def _verdict_lines(settings: BenchSettings, rows: dict[str, dict], differences, 
         for name, difference in differences(rows[label]).items():
             if difference is not None and (names is None or name in names):
                 lines.append(
-                    f"- {label} vs {name}: {difference['verdict']} ({_cell(difference)} nats, {_seeds(difference['seeds'])}"
+                    f"- {label} vs {name}: {difference['verdict']} ({_in_words(difference)}"
                     + _equivalence_note(difference) + ")" + _accuracy_verdict(accuracy_versus.get(name))
                 )
     return lines
@@ -609,7 +605,13 @@ def _accuracy_verdict(difference: dict | None) -> str:
     if difference is None:
         return ""
     verdict = {"higher": "more accurate", "lower": "less accurate"}.get(difference["verdict"], difference["verdict"])
-    return f"; accuracy: {verdict} ({_cell(difference)})"
+    return f"; accuracy: {verdict} ({estimate(difference['mean'], difference['half_width'], signed=True)})"
+
+
+def _in_words(difference: dict) -> str:
+    """A paired loss difference in a sentence: the estimate, then the seeds it paired and those it could not pair."""
+    left_out = f"; {difference['left_out_why']} on {difference['left_out']}" if difference.get("left_out") else ""
+    return f"{estimate(difference['mean'], difference['half_width'], signed=True)} nats, {seeds_text(difference['seeds'])}{left_out}"
 
 
 def _selection_lines(settings: BenchSettings, payload: dict) -> list[str]:
@@ -870,7 +872,7 @@ def _plot_validation(settings: BenchSettings, summary: dict, table: dict[str, di
         steps = sorted(set.intersection(*(set(curve) for curve in curves)))  # runs stopped early end at different steps
         means = [statistics.fmean(curve[step] for curve in curves) for step in steps]
         colour = plt.get_cmap("tab10")(index % 10)
-        curves_axes.plot(steps, means, label=f"{label} ({_seeds(len(curves))})", color=colour)
+        curves_axes.plot(steps, means, label=f"{label} ({seeds_text(len(curves))})", color=colour)
         lowest = min(range(len(steps)), key=means.__getitem__)
         curves_axes.plot(steps[lowest], means[lowest], marker="o", color=colour)
     curves_axes.set_xlabel("optimizer step")

@@ -23,7 +23,7 @@ from transformers import HfArgumentParser
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.measure import count_bigram_test_loss, missing_device, run, task_data  # noqa: E402
-from bench.markdown_tables import refresh_markdown  # noqa: E402
+from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.report import LEARNING_RATES_FILE, load_result, read_learning_rates, write_learning_rates, write_report  # noqa: E402
 from bench.scheduling import RESULT_FILE, Job, run_jobs, single_run_command, write_complete  # noqa: E402
 from bench.settings import (  # noqa: E402
@@ -83,7 +83,7 @@ def main() -> None:
     failures = [] if args.report_only else Scheduler(settings, output, args.jobs, with_memory, not args.memory_only, learning_rates, rows).run()
     report = write_report(with_preset_seeds(settings, PRESETS[args.preset]), output, tuning, report_dir(args))
     print(f"\nReport: {report}")
-    refresh_markdown()
+    refresh_after_report(report)
     if failures:
         sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
 

@@ -295,6 +295,29 @@ def test_a_masked_model_s_held_out_loss_is_the_mean_over_the_tokens_it_scored_an
     assert metrics["eval_unigram_loss"] == pytest.approx(unigram_loss(train, [row[row != -100] for row in labels], len(tokenizer), tokenizer.all_special_ids))
 
 
+def test_evaluation_masks_as_many_tokens_in_every_block_and_leaves_out_a_block_with_too_few(caplog):
+    """The count is the masking share of the median block's maskable tokens; a block of special tokens only would
+    otherwise have one scored (a special token, which no masked model is asked for) or pull every block's count
+    down."""
+    import datasets
+
+    from hf_layertie.data import load_embedded_tokenizer
+    from hf_layertie.toolkit import mask_evaluation_blocks
+
+    tokenizer = load_embedded_tokenizer("shakespeare-wordpiece")
+    text = tokenizer("to be or not to be that is the question whether tis nobler in the mind " * 2, add_special_tokens=False)["input_ids"]
+    special = [tokenizer.cls_token_id, tokenizer.sep_token_id] * 10
+    rows = [text[:20], text[3:23], special, text[1:21]]
+    with caplog.at_level("WARNING"):
+        masked = mask_evaluation_blocks(datasets.Dataset.from_dict({"input_ids": rows}), tokenizer, 0.25, seed=0)
+    assert "1 of 4 evaluation blocks hold fewer than 5 maskable tokens" in caplog.text
+    labels = torch.tensor(masked["labels"])
+    assert len(masked) == 3 and (labels != -100).sum(dim=1).tolist() == [5, 5, 5]
+    assert not torch.isin(labels[labels != -100], torch.tensor(tokenizer.all_special_ids)).any()
+    again = mask_evaluation_blocks(datasets.Dataset.from_dict({"input_ids": rows}), tokenizer, 0.25, seed=0)
+    assert again["input_ids"] == masked["input_ids"] and again["labels"] == masked["labels"]
+
+
 def test_the_unigram_baseline_is_the_hand_computed_loss_on_the_tokens_a_masked_model_is_asked_for():
     """Special tokens ([CLS] 0, [SEP] 1) are never masked: neither counted nor scored, and given no mass."""
     from hf_layertie.toolkit.baselines import unigram_loss

@@ -147,6 +147,20 @@ def test_a_model_built_on_the_meta_device_and_given_its_weights_shares_as_its_ma
         assert all(torch.equal(loaded[name], expected[name]) for name in expected), materialise
 
 
+def test_a_relaxed_model_built_on_the_meta_device_shares_its_base_weights_once_materialised():
+    """Blocks with adapters (relaxed ties) keep their shared weights under PEFT's `base_layer`, which transformers'
+    `tie_weights` leaves alone: `to_empty` ties them again all the same."""
+    from hf_layertie.relaxed_ties import relax_ties
+
+    with torch.device("meta"):
+        model = GPT2.tied_class(GPT2.make_config([0, 0, 2, 2]))
+    relax_ties(model, 2, "zero")
+    model.to_empty(device="cpu")
+    blocks = model.get_submodule(GPT2.blocks_path)
+    assert blocks[1].attn.c_attn.base_layer.weight is blocks[0].attn.c_attn.base_layer.weight
+    assert blocks[3].mlp.c_fc.base_layer.weight is blocks[2].mlp.c_fc.base_layer.weight
+
+
 @every_kind
 @FEW
 @given(entries=raw_tying_maps())

@@ -48,10 +48,12 @@ def test_chains_resolve_to_their_root():
     assert TyingMap([0, 1, 1, 2]) == TyingMap([0, 1, 1, 1])
 
 
-def test_a_map_equals_a_list_that_shares_weights_the_same_way():
-    """`model.tying_map == [0, 0, 2, 2]`, as the docs write maps, is what it reads as."""
+def test_a_map_equals_the_list_of_its_canonical_entries():
+    """`model.tying_map == [0, 0, 2, 2]`, as the docs write maps, is what it reads as; equality stays consistent
+    with hashing (a map and the tuple of its entries are one key) and transitive."""
     assert TyingMap([0, 0, 2, 2]) == [0, 0, 2, 2] and [0, 0, 2, 2] == TyingMap([0, 0, 2, 2])
-    assert TyingMap([0, 1, 1, 2]) == (0, 1, 1, 1)  # canonically the same
+    assert TyingMap([0, 1, 1, 2]) == (0, 1, 1, 1) and (0, 1, 1, 1) in {TyingMap([0, 1, 1, 2])}
+    assert TyingMap([0, 1, 1, 2]) != [0, 1, 1, 2]  # not canonical: the map holds 0 1 1 1
     assert TyingMap([0, 0, 2, 2]) != [0, 0, 0, 2] and TyingMap([0, 0]) != [1, 0]  # another map; no map at all
     assert TyingMap([0, 0]) != "0 0"
 

@@ -270,17 +270,23 @@ def test_commit_after_exploration_stops_deciding_when_exploration_ends(tmp_path)
 
 
 def test_a_run_continued_to_more_steps_keeps_its_exploration_schedule(tmp_path, caplog):
-    """A finished run of 24 steps (12 decisions, exploration over 80% of them: committed from step 20) continued to
-    48: the schedule of the run as started is kept, so no decision follows the commit step and the epsilon of each
-    decision is the uninterrupted run's; re-planned over 48 steps, exploration would start again at about half."""
-    first = make_trainer(tmp_path, commit_after_exploration=True, save_strategy="steps", save_steps=24)
-    first.train()
-    with caplog.at_level("WARNING"):
-        longer = make_trainer(tmp_path, commit_after_exploration=True, save_strategy="steps", save_steps=24, max_steps=48)
-        longer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-24"))
-    assert "the checkpoint's exploration schedule spans 12 decisions" in caplog.text
-    assert [record["step"] for record in longer.tying_records] == list(range(0, 20, 2))
-    assert [record["epsilon"] for record in longer.tying_records] == [record["epsilon"] for record in first.tying_records]
+    """A finished run of 24 steps (12 decisions, exploration over 80% of them) continued to 48: the schedule of the
+    run as started is kept, so the added decisions take its end (epsilon at its floor; re-planned over 48 steps,
+    about 0.5 at step 24), and with `commit_after_exploration` none follows the commit step (20)."""
+    for commit in (False, True):
+        folder = tmp_path / f"commit-{commit}"
+        make_trainer(folder, commit_after_exploration=commit, save_strategy="steps", save_steps=24).train()
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            longer = make_trainer(folder, commit_after_exploration=commit, save_strategy="steps", save_steps=24, max_steps=48)
+            longer.train(resume_from_checkpoint=str(folder / "checkpoint-24"))
+        assert "the checkpoint's exploration schedule spans 12 decisions" in caplog.text
+        added = [record for record in longer.tying_records if record["step"] >= 24]
+        if commit:
+            assert not added and max(record["step"] for record in longer.tying_records) == 18
+        else:
+            floor = longer.decisions.controller.agent.config.epsilon_min
+            assert len(added) == 12 and all(record["epsilon"] == floor for record in added)
 
 
 @pytest.mark.parametrize("strategy", ["dlt", "random"])

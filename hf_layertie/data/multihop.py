@@ -186,8 +186,8 @@ def generated_splits(rows, train_examples: int, eval_examples: int, seed: int) -
                 seen.add(tuple(ids))
         if not unseen:
             raise ValueError(
-                f"every generated {split} example is also a training example: the task's settings allow too few "
-                "distinct examples to hold any out (make them longer or more varied)"
+                f"every generated {split} example repeats a training example or one held out before it: the task's "
+                "settings allow too few distinct examples to hold any out (make them longer or more varied)"
             )
         if len(unseen) < eval_examples:
             logger.warning(

@@ -118,6 +118,7 @@ class AgentDecisions(TyingDecisions):
         self._commit_step: int | None = None  # commit_after_exploration: no decision from this step on
         # Decisions the exploration schedule spans: those of the run's max_steps when it started, kept on resume.
         self._planned: int | None = None
+        self._resumed_without_plan = False  # restored from a checkpoint saved before plans were
 
     def _initial_map(self, num_blocks: int) -> TyingMap:
         text = self.args.tying_initial_map or "all"
@@ -151,12 +152,18 @@ class AgentDecisions(TyingDecisions):
         planned, deciding = self._planned_decisions(max_steps), self.controller.agent.num_blocks - 1
         if self._planned is None:
             self._planned = planned
+            if self._resumed_without_plan:
+                logger.warning(
+                    f"tying_strategy={self.args.tying_strategy!r}: the checkpoint predates saving the exploration "
+                    f"schedule, which is planned over this run's max_steps={max_steps} ({planned} decisions); if the "
+                    "run was started with another max_steps, exploration follows another schedule from here"
+                )
         elif planned != self._planned:
             logger.warning(
                 f"tying_strategy={self.args.tying_strategy!r}: the checkpoint's exploration schedule spans "
-                f"{self._planned} decisions (the max_steps it was started with), this run's max_steps={max_steps} "
-                f"{planned}: the schedule is kept, so exploration goes on as it would have, and the decisions after "
-                f"it take the schedule's end"
+                f"{self._planned} decisions (the max_steps it was started with), where this run's max_steps={max_steps} "
+                f"gives {planned}: the schedule is kept, so exploration goes on as it would have, and the decisions "
+                f"after it take the schedule's end"
             )
         if planned < deciding:
             logger.warning(
@@ -239,7 +246,8 @@ class AgentDecisions(TyingDecisions):
         if "window_loss_sums" not in state:  # before anything is restored
             raise ValueError("tying state is missing ['window_loss_sums']; expected the keys of AgentDecisions.state_dict()")
         sums = state.pop("window_loss_sums")
-        self._planned = state.pop("planned_decisions", None)  # saved before plans were: planned from this max_steps
+        self._resumed_without_plan = "planned_decisions" not in state
+        self._planned = state.pop("planned_decisions", None)  # None: planned from this run's max_steps
         self.controller.load_state_dict(state)
         if len(sums) == observation.num_processes:
             self._window_loss_sum = sums[observation.process_index]

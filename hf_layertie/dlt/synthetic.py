@@ -79,20 +79,22 @@ _REDRAWS = 1000
 
 def _entries_with_distinct(num_blocks: int, num_distinct: int, generator: torch.Generator) -> list[int]:
     """Entries drawn as `SyntheticTyingProblem.random` draws them, conditioned on `num_distinct` owners: blocks
-    1..L-1 own their weights independently with probability 1 / (b + 1); `weight[b][k]` is the probability that
-    blocks b.. hold exactly k owners, so each block is drawn given how many owners the rest must still hold; a
-    block that does not own its weights takes a source uniformly among the blocks before it."""
-    owns = [1.0 / (block + 1) for block in range(num_blocks)]
-    weight = [[0.0] * num_distinct for _ in range(num_blocks + 1)]
-    weight[num_blocks][0] = 1.0
+    1..L-1 own their weights independently with probability 1 / (b + 1); `log_weight[b][k]` is the log-probability
+    that blocks b.. hold exactly k owners (in logs: deep maps take probabilities below the smallest float), so each
+    block is drawn given how many owners the rest must still hold; a block that does not own its weights takes a
+    source uniformly among the blocks before it."""
+    owns = torch.tensor([1.0 / (block + 1) for block in range(num_blocks)], dtype=torch.float64)
+    log_owns, log_ties = owns.log(), (-owns).log1p()
+    log_weight = torch.full((num_blocks + 1, num_distinct), -math.inf, dtype=torch.float64)
+    log_weight[num_blocks, 0] = 0.0
     for block in range(num_blocks - 1, 0, -1):
-        for owners in range(num_distinct):
-            tied = (1 - owns[block]) * weight[block + 1][owners]
-            weight[block][owners] = tied + (owns[block] * weight[block + 1][owners - 1] if owners else 0.0)
+        after = log_weight[block + 1]
+        owning = torch.cat([torch.tensor([-math.inf], dtype=torch.float64), log_owns[block] + after[:-1]])
+        log_weight[block] = torch.logaddexp(log_ties[block] + after, owning)
     entries, needed = [0], num_distinct - 1
     for block in range(1, num_blocks):
-        chance = owns[block] * weight[block + 1][needed - 1] / weight[block][needed] if needed else 0.0
-        if float(torch.rand((), generator=generator)) < chance:
+        log_chance = log_owns[block] + log_weight[block + 1, needed - 1] - log_weight[block, needed] if needed else -math.inf
+        if float(torch.rand((), generator=generator)) < math.exp(log_chance):
             entries.append(block)
             needed -= 1
         else:

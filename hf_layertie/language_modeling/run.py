@@ -92,7 +92,7 @@ CAUSAL_LM = LanguageModelingTask("clm", tied_model_types(AutoModelForCausalLM), 
 MASKED_LM = LanguageModelingTask("mlm", tied_model_types(AutoModelForMaskedLM), "shakespeare-wordpiece", True)
 # What a training run leaves in output_dir besides a complete checkpoint's files (the final model's).
 FINAL_OUTPUTS = ("all_results.json", "README.md")
-# The data settings of the evaluation saved in a run's folder (`DataTrainingArguments.evaluation_settings`).
+# The data settings and seeds of the evaluation saved in a run's folder (`_evaluation_settings`).
 EVALUATION_SETTINGS_FILE = "eval_settings.json"
 ArgumentTuple = tuple[ModelArguments, DataTrainingArguments, TyingTrainingArguments]
 
@@ -150,7 +150,8 @@ def check_streaming_arguments(
         raise ValueError(
             f"--streaming with --dataloader_num_workers {workers}: each worker reads its own shards of the stream and "
             "counts its rows from 0, so the rows held out by their index (for validation, where the source has no "
-            "validation split of its own, and a held-out reward's blocks) would not be those training skips, and "
+            "validation split of its own or its split names could not be read, and a held-out reward's blocks) would "
+            "not be those training skips, and "
             "would be trained on. Pass --dataloader_num_workers 0 or 1, or a --validation_file (or a dataset with a "
             "validation split) with a reward from the training loss"
         )
@@ -289,7 +290,7 @@ def _train_and_evaluate(
         _drop_saved_evaluation(trainer, output_dir)  # merged in, keys an earlier evaluation had would stay
         trainer.save_metrics("eval", eval_metrics)
         if trainer.is_world_process_zero():
-            settings = json.dumps(data_args.evaluation_settings(), indent=4, sort_keys=True)
+            settings = json.dumps(_evaluation_settings(data_args, training_args), indent=4, sort_keys=True)
             (Path(output_dir) / EVALUATION_SETTINGS_FILE).write_text(settings)
         metrics.update(eval_metrics)
     trainer.create_model_card()  # the card takes eval_loss and perplexity from the last evaluation
@@ -468,17 +469,25 @@ def _asked_beyond_saved(
         asked.append("an evaluation (--do_eval)")
     elif training_args.do_eval and not (Path(output_dir) / EVALUATION_SETTINGS_FILE).is_file():
         asked.append("an evaluation recording its data settings (the saved one has none, so its data is unknown)")
-    elif training_args.do_eval and (changed := _evaluation_settings_changed(data_args, output_dir)):
+    elif training_args.do_eval and (changed := _evaluation_settings_changed(data_args, training_args, output_dir)):
         asked.append(f"an evaluation with {', '.join(changed)} (the saved one had other data settings)")
     if training_args.push_to_hub:
         asked.append("a push to the Hub (--push_to_hub)")
     return asked
 
 
-def _evaluation_settings_changed(data_args: DataTrainingArguments, output_dir: str) -> list[str]:
-    """The data flags this command gives otherwise than the evaluation saved in `output_dir` had them."""
+def _evaluation_settings(data_args: DataTrainingArguments, training_args: TyingTrainingArguments) -> dict:
+    """What picks and shapes the evaluated blocks: the data flags (`evaluation_settings`) and the seeds a masked
+    model's evaluation masks and a generated task's examples are drawn from."""
+    return {**data_args.evaluation_settings(), "seed": training_args.seed, "data_seed": training_args.data_seed}
+
+
+def _evaluation_settings_changed(
+    data_args: DataTrainingArguments, training_args: TyingTrainingArguments, output_dir: str
+) -> list[str]:
+    """The flags this command gives otherwise than the evaluation saved in `output_dir` had them."""
     saved = json.loads((Path(output_dir) / EVALUATION_SETTINGS_FILE).read_text())
-    wanted = data_args.evaluation_settings()
+    wanted = _evaluation_settings(data_args, training_args)
     return [f"--{name} {value}" for name, value in wanted.items() if name not in saved or saved[name] != value]
 
 

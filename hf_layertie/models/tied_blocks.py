@@ -220,11 +220,11 @@ class TiedBlocksMixin(AdapterExportMixin):
 
     def to_empty(self, *, device, recurse: bool = True):
         """`nn.Module.to_empty`, which gives every Parameter entry a new object (a model built on the meta device,
-        then materialised), then `tie_weights`: the tied blocks (and tied embeddings) get their root's objects
+        then materialised), then ties again: the tied blocks (and tied embeddings) get their root's objects
         again, or each would train a Parameter of its own aliasing the root's storage (stepped once per alias, its
         optimizer state duplicated)."""
         result = super().to_empty(device=device, recurse=recurse)
-        self.tie_weights()
+        self._retie_materialised()
         return result
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
@@ -232,8 +232,14 @@ class TiedBlocksMixin(AdapterExportMixin):
         entry's tensor as a new Parameter, the ties are made again (`tie_weights`), as after `to_empty`."""
         result = super().load_state_dict(state_dict, strict=strict, assign=assign)
         if assign:
-            self.tie_weights()
+            self._retie_materialised()
         return result
+
+    def _retie_materialised(self) -> None:
+        """Blocks share their root's Parameters as the map says (through PEFT's `base_layer` where blocks carry
+        adapters, which `tie_weights` leaves alone), then transformers ties the rest (embeddings)."""
+        self._share_by_map()
+        self.tie_weights()
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, **kwargs):

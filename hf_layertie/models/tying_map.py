@@ -83,16 +83,13 @@ class TyingMap(Sequence):
         return cls(range(num_blocks))
 
     def __eq__(self, other) -> bool:
-        """Equal to a map, or a list of entries, that shares weights the same way (`TyingMap([0, 0, 1, 1]) ==
-        [0, 0, 0, 0]`); a list that is not a valid map is unequal."""
+        """Equal to a map sharing weights the same way, and to a list or tuple of its canonical entries
+        (`model.tying_map == [0, 0, 2, 2]`); as a tuple of them hashes alike, a map and its tuple are one key."""
         if isinstance(other, TyingMap):
             return self.entries == other.entries
-        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
-            return NotImplemented
-        try:
-            return self.entries == TyingMap(other).entries
-        except (TypeError, ValueError):
-            return False
+        if isinstance(other, (list, tuple)):
+            return self.entries == tuple(other)
+        return NotImplemented
 
     def __hash__(self) -> int:
         return hash(self.entries)

@@ -94,12 +94,13 @@ def check_strategy_spec(spec: str) -> tuple[str, int | None]:
         return name, None
     if name not in _WITH_DISTINCT:
         raise ValueError(f"unknown tying strategy {name!r} in {spec!r}; expected one of {', '.join(STRATEGY_NAMES)}")
-    if positive_integer(argument) is None:
+    distinct = positive_integer(argument)
+    if distinct is None:
         raise ValueError(
             f"tying strategy {name!r} needs the number of distinct blocks as '{name}:U' with U a positive "
             f"integer, got {spec!r}"
         )
-    return name, int(argument)
+    return name, distinct
 
 
 def parse_strategy(spec: str, num_blocks: int) -> TyingMap:
@@ -120,7 +121,7 @@ def _explicit_entries(text: str) -> list[int] | None:
     text = text.strip()
     if not text or text[0].isalpha() or text[0] == "_":
         return None
-    fields = [field.strip() for field in text.split(",")] if "," in text else text.split()
+    fields = re.split(r"\s*,\s*|\s+", text)  # commas, spaces or both; an empty field is two commas in a row
     for position, field in enumerate(fields):
         if not re.fullmatch(r"-?\d+", field, flags=re.ASCII):
             problem = "is empty" if not field else f"({field!r}) is not an integer in ASCII digits"

@@ -183,25 +183,35 @@ def mask_evaluation_blocks(
     `DataCollatorForLanguageModeling` draws new masks per batch from the global random state (another loss at
     each evaluation of one model), and the Trainer averages each batch's mean with the batch's rows as weights,
     which is the mean over scored tokens only where every row scores as many. So every block scores the same
-    number of tokens: `mlm_probability` of the fewest maskable tokens a block holds (at least 1), chosen at random
-    among its tokens outside `all_special_ids` (which the collator never masks either), then replaced as BERT
-    does: 80% by the mask token, 10% by a random token, 10% kept.
+    number of tokens: `mlm_probability` of the median block's maskable tokens (those outside `all_special_ids`,
+    which the collator never masks either), as the collator masks on average; a block holding fewer maskable
+    tokens than that is left out, with a warning. The tokens are chosen at random and replaced as BERT does: 80%
+    by the mask token, 10% by a random token, 10% kept.
     """
     special_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
     ids = torch.tensor(blocks["input_ids"], dtype=torch.long)
     maskable = ~torch.isin(ids, special_ids)
-    count = max(1, round(mlm_probability * int(maskable.sum(dim=1).min())))
+    per_block = maskable.sum(dim=1)
+    count = max(1, round(mlm_probability * float(per_block.float().median())))
+    kept = (per_block >= count).nonzero().flatten()
+    if len(kept) == 0:
+        raise ValueError("no evaluation block holds a token a masked model could be asked for (all are special tokens)")
+    if len(kept) < len(ids):
+        logger.warning(
+            f"{len(ids) - len(kept)} of {len(ids)} evaluation blocks hold fewer than {count} maskable tokens (the "
+            f"{mlm_probability} of the median block's masked in every block): they are left out"
+        )
+        blocks, ids, maskable = blocks.select(kept.tolist()), ids[kept], maskable[kept]
     generator = torch.Generator().manual_seed(seed)
-    # The `count` maskable positions of lowest draw in each row; special positions draw above every other.
+    # The `count` maskable positions of lowest draw in each block; special positions draw above every other.
     draws = torch.rand(ids.shape, generator=generator).masked_fill(~maskable, 2.0)
     chosen = torch.zeros_like(maskable).scatter(1, draws.argsort(dim=1)[:, :count], True)
     replacement = torch.rand(ids.shape, generator=generator)
     random_tokens = torch.randint(len(tokenizer), ids.shape, generator=generator)
     masked = ids.masked_fill(chosen & (replacement < 0.8), tokenizer.mask_token_id)
     masked = torch.where(chosen & (replacement >= 0.8) & (replacement < 0.9), random_tokens, masked)
-    return blocks.remove_columns([name for name in ("input_ids", "labels") if name in blocks.column_names]).add_column(
-        "input_ids", masked.tolist()
-    ).add_column("labels", ids.masked_fill(~chosen, -100).tolist())
+    others = {name: blocks[name] for name in blocks.column_names if name not in ("input_ids", "labels")}
+    return datasets.Dataset.from_dict({**others, "input_ids": masked.tolist(), "labels": ids.masked_fill(~chosen, -100).tolist()})
 
 
 def tokenize_and_group(

@@ -298,8 +298,8 @@ class TyingTrainer(Trainer):
             metrics = self._finish_from(resume_from_checkpoint)
         else:
             self._sitting_start = time.time()
+            # The Trainer's closing log entry ended the sitting (`log`): `_totals` are the run's.
             metrics = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs).metrics
-            self._totals, self._sitting_start = self._training_totals(metrics["train_runtime"]), None  # closed by `log`
             self._finish_decisions()
         metrics.update(self._totals.metrics(self.state.global_step, self._samples_per_step(), self.state.total_flos))
         if self.distillation is not None:
