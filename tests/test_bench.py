@@ -926,7 +926,7 @@ def test_compress_pairs_only_runs_that_read_one_teacher_and_names_the_baseline_i
     table[distilled], table[short] = {2: table[distilled][0]}, table[short] | {2: table[short][0]}
     row = summarise(list(rows.values()), table)["rows"][distilled]
     assert row["paired_with"]["best_small_same_steps"] == pruned and row["paired_instead_with"] == {}
-    assert verdict_cell(row["versus_best_small_same_steps"]) == "not paired: absent from the baseline on 1 seeds"
+    assert verdict_cell(row["versus_best_small_same_steps"]) == "not paired: absent from the baseline on 1 seed"
 
 
 def test_compress_report_names_its_command_refuses_cutting_other_families_and_keeps_the_largest_export_difference():
@@ -974,7 +974,7 @@ def test_a_paired_difference_says_how_many_seeds_it_left_out_for_another_teacher
     unfinished = _paired(runs([4.3, 4.3, 4.3], [3.9, 4.0, 4.1]), table, "baseline")
     assert verdict_cell(unfinished).endswith("[paired on 2 seeds; absent from the baseline on 1]")
     both = _paired(runs([4.3, 4.2, 4.3], [3.9, 4.0, 4.1]), table, "baseline")
-    assert verdict_cell(both).endswith("[paired on 1 seeds; another teacher or absent from the baseline on 2]")
+    assert verdict_cell(both).endswith("[paired on 1 seed; another teacher or absent from the baseline on 2]")
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hf_layertie"
 LEAVES = {"models", "checks", "model_card", "data", "metrics"}
 ALLOWED = {
     **dict.fromkeys(LEAVES, set()),
-    "block_similarity": {"models"},
+    "block_similarity": {"models", "checks"},
     "relaxed_ties": {"models", "checks"},
     "sharding": {"models"},
     "dlt": {"models", "checks"},
