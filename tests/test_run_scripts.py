@@ -263,6 +263,13 @@ def test_the_count_baseline_counts_the_training_blocks_kept_and_scores_those_eva
     assert len(grouped["train"]) > 12 and len(grouped["validation"]) > 8
     counted, scored = grouped["train"]["input_ids"][:12], grouped["validation"]["input_ids"][:8]
     assert metrics["eval_bigram_loss"] == pytest.approx(bigram_loss(counted, scored, len(tokenizer)))
+    # Evaluating the trained model alone with the same data flags counts the same blocks.
+    evaluation = [
+        "--model_name_or_path", str(tmp_path), "--output_dir", str(tmp_path / "evaluated"), "--do_eval",
+        "--train_file", str(text_files / "train.txt"), "--validation_file", str(text_files / "validation.txt"),
+        "--block_size", "32", "--max_train_samples", "12", "--max_eval_samples", "8", "--report_to", "none",
+    ]  # fmt: skip
+    assert run(CAUSAL_LM, evaluation)["eval_bigram_loss"] == metrics["eval_bigram_loss"]
 
 
 def test_a_masked_model_s_held_out_loss_is_the_mean_over_the_tokens_it_scored_and_repeats_exactly(tmp_path, text_files):
@@ -295,6 +302,21 @@ def test_a_masked_model_s_held_out_loss_is_the_mean_over_the_tokens_it_scored_an
     assert metrics["eval_unigram_loss"] == pytest.approx(unigram_loss(train, [row[row != -100] for row in labels], len(tokenizer), tokenizer.all_special_ids))
 
 
+def test_a_masked_model_s_held_out_reward_is_the_mean_over_tokens_masked_once(tmp_path, text_files, trainer_inputs):
+    """run_mlm.py masks the held-out reward's blocks once, as many tokens in each, as it masks evaluation's: the
+    reward is the mean loss of those tokens, though the trainer scores them in micro-batches (4 and 2 here)."""
+    held_out = ("--reward_source", "held_out", "--reward_batch_size", "6")
+    run(MASKED_LM, tiny_flags(tmp_path, text_files, TINY_BERT, *held_out))
+    reward = trainer_inputs["reward_dataset"]
+    labels = torch.tensor(reward["labels"])
+    assert len(reward) == 6 and len(set((labels != -100).sum(dim=1).tolist())) == 1
+    trainer = trainer_inputs["trainer"]
+    model = trainer.model.eval()
+    with torch.no_grad():
+        by_hand = model(input_ids=torch.tensor(reward["input_ids"]), attention_mask=torch.tensor(reward["attention_mask"]), labels=labels).loss.item()
+    assert trainer.held_out_loss() == pytest.approx(by_hand, rel=1e-5)
+
+
 def test_evaluation_masks_as_many_tokens_in_every_block_and_leaves_out_a_block_with_too_few(caplog):
     """The count is the masking share of the median block's maskable tokens; a block of special tokens only would
     otherwise have one scored (a special token, which no masked model is asked for) or pull every block's count
@@ -310,7 +332,7 @@ def test_evaluation_masks_as_many_tokens_in_every_block_and_leaves_out_a_block_w
     rows = [text[:20], text[3:23], special, text[1:21]]
     with caplog.at_level("WARNING"):
         masked = mask_evaluation_blocks(datasets.Dataset.from_dict({"input_ids": rows}), tokenizer, 0.25, seed=0)
-    assert "1 of 4 evaluation blocks hold fewer than 5 maskable tokens" in caplog.text
+    assert "1 of 4 held-out blocks hold fewer than 5 maskable tokens" in caplog.text
     labels = torch.tensor(masked["labels"])
     assert len(masked) == 3 and (labels != -100).sum(dim=1).tolist() == [5, 5, 5]
     assert not torch.isin(labels[labels != -100], torch.tensor(tokenizer.all_special_ids)).any()
@@ -427,7 +449,7 @@ def write(path, text):
         (
             lambda d, t: ["--train_file", write(d / "rows.jsonl", '{"text": "a line"}\n{"text": null}\n{"text": "more"}\n')],
             ValueError,
-            r"Row 1 of the train split of --train_file/--validation_file .*rows.jsonl holds None in the text column 'text': every row needs a string",
+            r"Row 1 \(counted from 0\) of the train split of --train_file/--validation_file .*rows.jsonl holds None in the text column 'text': every row needs a string",
         ),
         (
             lambda d, t: ["--train_file", write(d / "ints.jsonl", '{"text": 5}\n{"text": 6}\n')],
@@ -588,7 +610,7 @@ def test_run_mlm_trains_under_the_dtype_and_attention_asked(tmp_path, text_files
 
 @pytest.fixture
 def trainer_inputs(monkeypatch):
-    """What the workflow hands `TyingTrainer`: its datasets and tokenizer (its constructor wrapped)."""
+    """What the workflow hands `TyingTrainer` (its datasets and tokenizer; its constructor wrapped), and the trainer."""
     workflow = importlib.import_module("hf_layertie.language_modeling.run")
     seen = {}
 
@@ -596,6 +618,7 @@ def trainer_inputs(monkeypatch):
         def __init__(self, *args, **kwargs):
             seen.update(kwargs)
             super().__init__(*args, **kwargs)
+            seen["trainer"] = self
 
     monkeypatch.setattr(workflow, "TyingTrainer", Recording)
     return seen

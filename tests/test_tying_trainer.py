@@ -1,8 +1,11 @@
 """TyingTrainer: decisions inside training_step, optimizer in step with the model, resume, logging, errors."""
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 
 import datasets
 import matplotlib.pyplot as plt
@@ -539,6 +542,37 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path):
         stopped_with = (tmp_path / f"stopped{rank}.txt").read_text()
         assert stopped_with.startswith("the training loss is not finite (NaN or inf) in step 3")
     assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+
+
+@pytest.mark.slow
+def test_a_strategy_failing_on_the_main_process_stops_the_other_ranks_under_a_bare_launch(tmp_path):
+    from test_distributed import REPO, free_port
+
+    script = REPO / "tests" / "scripts" / "ddp_decision_failure_run.py"
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path)],
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        outputs = [process.communicate(timeout=180)[0] for process in ranks]
+    except subprocess.TimeoutExpired:
+        for process in ranks:
+            process.kill()
+        pytest.fail("a rank did not stop within 180 s of the main process's failure")
+    assert [process.returncode for process in ranks] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert (tmp_path / "stopped0.txt").read_text() == "ValueError: the strategy failed here"
+    assert (tmp_path / "stopped1.txt").read_text() == (
+        "RuntimeError: The main process stopped at step 2 with ValueError: the strategy failed here; process 1 stops "
+        "with it (its traceback is in the main process's output)"
+    )
 
 
 def test_tying_strategy_on_a_model_without_tied_blocks_is_rejected(tmp_path):

@@ -151,9 +151,8 @@ def check_streaming_arguments(
             f"--streaming with --dataloader_num_workers {workers}: each worker reads its own shards of the stream and "
             "counts its rows from 0, so the rows held out by their index (for validation, where the source has no "
             "validation split of its own or its split names could not be read, and a held-out reward's blocks) would "
-            "not be those training skips, and "
-            "would be trained on. Pass --dataloader_num_workers 0 or 1, or a --validation_file (or a dataset with a "
-            "validation split) with a reward from the training loss"
+            "not be those training skips, and would be trained on. Pass --dataloader_num_workers 0 or 1, or a "
+            "--validation_file (or a dataset with a validation split) with a reward from the training loss"
         )
     if training_args.do_eval and data_args.max_eval_samples is None:
         raise ValueError(
@@ -237,10 +236,7 @@ def _train_and_evaluate(
                 f"--dataset_name {data_args.dataset_name} has no 'train' split to train on: to evaluate it alone, pass "
                 f"--do_eval without --do_train"
             )
-        train_dataset = grouped["train"]
-        if training_args.reward_source == "held_out":
-            train_dataset, reward_dataset = split_reward_examples(train_dataset, training_args.reward_batch_size)
-        train_dataset = take_first(train_dataset, data_args.max_train_samples)
+        train_dataset, reward_dataset = _training_blocks(grouped["train"], data_args, training_args)
     if data_args.streaming:  # the blocks evaluated (or, training alone, the sample's prompt) are read into memory
         eval_dataset = read_stream(grouped["validation"], data_args.max_eval_samples if training_args.do_eval else 1)
     else:
@@ -249,6 +245,9 @@ def _train_and_evaluate(
     eval_blocks = eval_dataset
     if task.masked and training_args.do_eval:
         eval_dataset = mask_evaluation_blocks(eval_blocks, tokenizer, data_args.masked_share, training_args.seed)
+    # A masked LM's held-out reward scores the same tokens at every decision, as many in each block: a token mean.
+    if task.masked and reward_dataset is not None:
+        reward_dataset = mask_evaluation_blocks(reward_dataset, tokenizer, data_args.masked_share, training_args.seed)
     trainer = TyingTrainer(
         model=model,
         # Evaluation alone scores the model as it was saved: no strategy re-ties it.
@@ -284,7 +283,9 @@ def _train_and_evaluate(
         elif not data_args.streaming and trainer.is_world_process_zero():
             # Counted by the process that reports it (save_metrics, the card, the printout): every process would hold
             # the whole training split's tokens again. A stream does not hold a training split to count.
-            counted = train_dataset if train_dataset is not None else grouped.get("train")
+            counted = train_dataset
+            if counted is None and "train" in grouped:  # evaluation alone: the blocks this command would train on
+                counted = _training_blocks(grouped["train"], data_args, training_args)[0]
             eval_metrics.update(_baseline(task, tokenizer, counted, eval_dataset))  # a masked LM: the tokens it scored
         trainer.log_metrics("eval", eval_metrics)
         _drop_saved_evaluation(trainer, output_dir)  # merged in, keys an earlier evaluation had would stay
@@ -361,6 +362,15 @@ def _load_model(task: LanguageModelingTask, model_args: ModelArguments, tokenize
     )
 
 
+def _training_blocks(train, data_args: DataTrainingArguments, training_args: TyingTrainingArguments):
+    """The blocks training reads and the held-out reward's (None without one): the training split less the reward's
+    blocks, cut to --max_train_samples."""
+    reward = None
+    if training_args.reward_source == "held_out":
+        train, reward = split_reward_examples(train, training_args.reward_batch_size)
+    return take_first(train, data_args.max_train_samples), reward
+
+
 def _collator(task: LanguageModelingTask, tokenizer, mlm_probability: float):
     if task.masked:
         return _MaskedLanguageModelingCollator(DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability))
@@ -382,15 +392,15 @@ class _MaskedLanguageModelingCollator:
 
 def _baseline(task: LanguageModelingTask, tokenizer, counted, evaluated) -> dict[str, float]:
     """The count baseline of the same tokenization (`hf_layertie.toolkit.baselines`), counted on `counted` (the
-    training blocks kept, after --max_train_samples, or the training split when the model only evaluates) and scored
-    on the blocks the model was evaluated on; none without training text to count (a --validation_file alone)."""
+    training blocks, as the same command trains on them when the model only evaluates) and scored on the blocks the
+    model was evaluated on; none without training text to count (a --validation_file alone)."""
     if counted is None:
         return {}
-    train, validation = (blocks.with_format("torch")["input_ids"] for blocks in (counted, evaluated))
+    train = counted.with_format("torch")["input_ids"]
     if task.masked:  # the tokens the model was asked for: the evaluation blocks' labels
         scored = [labels[labels != -100] for labels in evaluated.with_format("torch")["labels"]]
         return {"eval_unigram_loss": unigram_loss(train, scored, len(tokenizer), tokenizer.all_special_ids)}
-    return {"eval_bigram_loss": bigram_loss(train, validation, len(tokenizer))}
+    return {"eval_bigram_loss": bigram_loss(train, evaluated.with_format("torch")["input_ids"], len(tokenizer))}
 
 
 def _print_report(task, metrics: dict, model, tokenizer, validation, max_new_tokens: int) -> None:

@@ -177,8 +177,8 @@ def fit_tokenizer_to_model(tokenizer: PreTrainedTokenizerBase, model: PreTrained
 def mask_evaluation_blocks(
     blocks: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, mlm_probability: float, seed: int
 ) -> datasets.Dataset:
-    """A masked LM's evaluation blocks, masked once (`input_ids` masked, `labels` the tokens to predict), so that
-    every evaluation scores the same tokens and the printed loss is their mean.
+    """A masked LM's held-out blocks (its evaluation's, a held-out reward's), masked once (`input_ids` masked,
+    `labels` the tokens to predict), so that every evaluation scores the same tokens and the printed loss is their mean.
 
     `DataCollatorForLanguageModeling` draws new masks per batch from the global random state (another loss at
     each evaluation of one model), and the Trainer averages each batch's mean with the batch's rows as weights,
@@ -195,10 +195,10 @@ def mask_evaluation_blocks(
     count = max(1, round(mlm_probability * float(per_block.float().median())))
     kept = (per_block >= count).nonzero().flatten()
     if len(kept) == 0:
-        raise ValueError("no evaluation block holds a token a masked model could be asked for (all are special tokens)")
+        raise ValueError("no held-out block holds a token a masked model could be asked for (all are special tokens)")
     if len(kept) < len(ids):
         logger.warning(
-            f"{len(ids) - len(kept)} of {len(ids)} evaluation blocks hold fewer than {count} maskable tokens (the "
+            f"{len(ids) - len(kept)} of {len(ids)} held-out blocks hold fewer than {count} maskable tokens (the "
             f"{mlm_probability} of the median block's masked in every block): they are left out"
         )
         blocks, ids, maskable = blocks.select(kept.tolist()), ids[kept], maskable[kept]
@@ -240,8 +240,8 @@ def tokenize_and_group(
         for index, text in zip(indices, batch[column]):
             if not isinstance(text, str):
                 raise ValueError(
-                    f"Row {index} of {where} holds {text!r} in the text column {column!r}: every row needs a string "
-                    f"(fix the row, or pick another column with --text_column_name)"
+                    f"Row {index} (counted from 0) of {where} holds {text!r} in the text column {column!r}: every "
+                    f"row needs a string (fix the row, or pick another column with --text_column_name)"
                 )
         return tokenizer(batch[column], return_special_tokens_mask=special_tokens_mask)
 

@@ -263,7 +263,7 @@ class TyingTrainer(Trainer):
             self._run_checked = True
         if self.decisions.is_due(self.state.global_step, self.history.current):
             self._synchronize()  # the strategy's timings start here, not with the queued training kernels
-            decision = self.decisions.decide(self._observation(inputs))
+            decision = self._on_main_process(lambda: self.decisions.decide(self._observation(inputs)))
             with self._timed("decision"):
                 decision = self._broadcast(decision)
             if decision is not None:
@@ -357,7 +357,7 @@ class TyingTrainer(Trainer):
         """Give the decision still pending its outcome (the loss of the steps after it), log it and write the history."""
         if self.history.pending is not None:  # the same on every process: all join the collectives or none
             with self._timed("reward"):
-                outcome = self.decisions.finish(self._observation())
+                outcome = self._on_main_process(lambda: self.decisions.finish(self._observation()))
             outcome = self._broadcast(outcome)
             if outcome is not None:
                 self._log_decision(self.history.complete(outcome), None)
@@ -499,10 +499,28 @@ class TyingTrainer(Trainer):
     # ----- what the strategy observes, and collectives -----
 
     def _broadcast(self, message):
-        """The main process's `message` on every process (collective)."""
+        """The main process's `message` on every process (collective); where it is the main process's failure
+        (`_on_main_process`), the other processes raise."""
         if self.accelerator.num_processes == 1:
             return message
-        return broadcast_object_list([message], from_process=0)[0]
+        received = broadcast_object_list([message], from_process=0)[0]
+        if isinstance(received, _MainProcessFailure) and not self.is_world_process_zero():
+            raise RuntimeError(
+                f"The main process stopped at step {self.state.global_step} with {received.error}; process "
+                f"{self.args.process_index} stops with it (its traceback is in the main process's output)"
+            )
+        return received
+
+    def _on_main_process(self, compute):
+        """`compute()`, strategy work whose result the main process then broadcasts. Should it raise on the main
+        process, the others are sent the failure and raise in their `_broadcast`, instead of waiting for a result
+        that never comes: a launcher that does not end them (a bare torch.distributed launch) leaves them hanging."""
+        try:
+            return compute()
+        except Exception as error:
+            if self.accelerator.num_processes > 1 and self.is_world_process_zero():
+                self._broadcast(_MainProcessFailure(f"{type(error).__name__}: {error}"))
+            raise
 
     def _mean_over_processes(self, value: float) -> float:
         """The mean of `value` over processes (collective)."""
@@ -701,6 +719,13 @@ class TyingTrainer(Trainer):
             return {}
         loss = evaluations[-1]["eval_loss"]
         return {"eval_loss": loss, "perplexity": perplexity(loss)}
+
+
+@dataclasses.dataclass(frozen=True)
+class _MainProcessFailure:
+    """What the main process broadcasts in place of a result when the strategy's work raised there."""
+
+    error: str
 
 
 def check_resumes_saved_settings(args: TyingTrainingArguments, checkpoint: str, state: dict | None) -> None:
