@@ -332,7 +332,7 @@ def test_evaluation_masks_as_many_tokens_in_every_block_and_leaves_out_a_block_w
     rows = [text[:20], text[3:23], special, text[1:21]]
     with caplog.at_level("WARNING"):
         masked = mask_evaluation_blocks(datasets.Dataset.from_dict({"input_ids": rows}), tokenizer, 0.25, seed=0)
-    assert "1 of 4 held-out blocks hold fewer than 5 maskable tokens" in caplog.text
+    assert "1 of 4 evaluation blocks hold fewer than 5 maskable tokens" in caplog.text
     labels = torch.tensor(masked["labels"])
     assert len(masked) == 3 and (labels != -100).sum(dim=1).tolist() == [5, 5, 5]
     assert not torch.isin(labels[labels != -100], torch.tensor(tokenizer.all_special_ids)).any()

@@ -545,7 +545,8 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_strategy_failing_on_the_main_process_stops_the_other_ranks_under_a_bare_launch(tmp_path):
+@pytest.mark.parametrize("failing, step", [("decide", 2), ("finish", 8)])
+def test_a_strategy_failing_on_the_main_process_stops_the_other_ranks_under_a_bare_launch(tmp_path, failing, step):
     from test_distributed import REPO, free_port
 
     script = REPO / "tests" / "scripts" / "ddp_decision_failure_run.py"
@@ -553,7 +554,7 @@ def test_a_strategy_failing_on_the_main_process_stops_the_other_ranks_under_a_ba
            "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
     ranks = [
         subprocess.Popen(
-            [sys.executable, str(script), str(tmp_path)],
+            [sys.executable, str(script), str(tmp_path), failing],
             env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -568,10 +569,10 @@ def test_a_strategy_failing_on_the_main_process_stops_the_other_ranks_under_a_ba
             process.kill()
         pytest.fail("a rank did not stop within 180 s of the main process's failure")
     assert [process.returncode for process in ranks] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
-    assert (tmp_path / "stopped0.txt").read_text() == "ValueError: the strategy failed here"
+    assert (tmp_path / "stopped0.txt").read_text() == f"ValueError: the agent failed in {failing}"
     assert (tmp_path / "stopped1.txt").read_text() == (
-        "RuntimeError: The main process stopped at step 2 with ValueError: the strategy failed here; process 1 stops "
-        "with it (its traceback is in the main process's output)"
+        f"RuntimeError: Process 0 stopped at step {step} with ValueError: the agent failed in {failing}; process 1 "
+        "stops with it (the traceback is in process 0's output)"
     )
 
 

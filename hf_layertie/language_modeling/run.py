@@ -247,7 +247,9 @@ def _train_and_evaluate(
         eval_dataset = mask_evaluation_blocks(eval_blocks, tokenizer, data_args.masked_share, training_args.seed)
     # A masked LM's held-out reward scores the same tokens at every decision, as many in each block: a token mean.
     if task.masked and reward_dataset is not None:
-        reward_dataset = mask_evaluation_blocks(reward_dataset, tokenizer, data_args.masked_share, training_args.seed)
+        reward_dataset = mask_evaluation_blocks(
+            reward_dataset, tokenizer, data_args.masked_share, training_args.agent_seed, "held-out reward's blocks"
+        )
     trainer = TyingTrainer(
         model=model,
         # Evaluation alone scores the model as it was saved: no strategy re-ties it.
@@ -380,7 +382,7 @@ def _collator(task: LanguageModelingTask, tokenizer, mlm_probability: float):
 @dataclass
 class _MaskedLanguageModelingCollator:
     """Training blocks masked anew in each batch by transformers' collator; blocks that carry their `labels` (the
-    evaluation's, masked once by `mask_evaluation_blocks`) stacked as they are."""
+    evaluation's and a held-out reward's, masked once by `mask_evaluation_blocks`) stacked as they are."""
 
     masking: DataCollatorForLanguageModeling
 

@@ -175,10 +175,15 @@ def fit_tokenizer_to_model(tokenizer: PreTrainedTokenizerBase, model: PreTrained
 
 
 def mask_evaluation_blocks(
-    blocks: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, mlm_probability: float, seed: int
+    blocks: datasets.Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    mlm_probability: float,
+    seed: int,
+    description: str = "evaluation blocks",
 ) -> datasets.Dataset:
-    """A masked LM's held-out blocks (its evaluation's, a held-out reward's), masked once (`input_ids` masked,
-    `labels` the tokens to predict), so that every evaluation scores the same tokens and the printed loss is their mean.
+    """A masked LM's held-out blocks (`description`: its evaluation's, a held-out reward's), masked once (`input_ids`
+    masked, `labels` the tokens to predict; the `special_tokens_mask` they replace dropped), so that every evaluation
+    scores the same tokens and the printed loss is their mean.
 
     `DataCollatorForLanguageModeling` draws new masks per batch from the global random state (another loss at
     each evaluation of one model), and the Trainer averages each batch's mean with the batch's rows as weights,
@@ -195,10 +200,10 @@ def mask_evaluation_blocks(
     count = max(1, round(mlm_probability * float(per_block.float().median())))
     kept = (per_block >= count).nonzero().flatten()
     if len(kept) == 0:
-        raise ValueError("no held-out block holds a token a masked model could be asked for (all are special tokens)")
+        raise ValueError(f"none of the {description} holds a token a masked model could be asked for (all are special tokens)")
     if len(kept) < len(ids):
         logger.warning(
-            f"{len(ids) - len(kept)} of {len(ids)} held-out blocks hold fewer than {count} maskable tokens (the "
+            f"{len(ids) - len(kept)} of {len(ids)} {description} hold fewer than {count} maskable tokens (the "
             f"{mlm_probability} of the median block's masked in every block): they are left out"
         )
         blocks, ids, maskable = blocks.select(kept.tolist()), ids[kept], maskable[kept]
@@ -210,7 +215,7 @@ def mask_evaluation_blocks(
     random_tokens = torch.randint(len(tokenizer), ids.shape, generator=generator)
     masked = ids.masked_fill(chosen & (replacement < 0.8), tokenizer.mask_token_id)
     masked = torch.where(chosen & (replacement >= 0.8) & (replacement < 0.9), random_tokens, masked)
-    others = {name: blocks[name] for name in blocks.column_names if name not in ("input_ids", "labels")}
+    others = {name: blocks[name] for name in blocks.column_names if name not in ("input_ids", "labels", "special_tokens_mask")}
     return datasets.Dataset.from_dict({**others, "input_ids": masked.tolist(), "labels": ids.masked_fill(~chosen, -100).tolist()})
 
 

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from accelerate.utils import broadcast_object_list
+from accelerate.utils import broadcast_object_list, gather_object
 from transformers import Trainer, TrainerState
 from transformers.integrations import is_tensorboard_available
 from transformers.trainer import TRAINER_STATE_NAME
@@ -263,7 +263,7 @@ class TyingTrainer(Trainer):
             self._run_checked = True
         if self.decisions.is_due(self.state.global_step, self.history.current):
             self._synchronize()  # the strategy's timings start here, not with the queued training kernels
-            decision = self._on_main_process(lambda: self.decisions.decide(self._observation(inputs)))
+            decision = self._on_every_process(lambda: self.decisions.decide(self._observation(inputs)))
             with self._timed("decision"):
                 decision = self._broadcast(decision)
             if decision is not None:
@@ -357,7 +357,7 @@ class TyingTrainer(Trainer):
         """Give the decision still pending its outcome (the loss of the steps after it), log it and write the history."""
         if self.history.pending is not None:  # the same on every process: all join the collectives or none
             with self._timed("reward"):
-                outcome = self._on_main_process(lambda: self.decisions.finish(self._observation()))
+                outcome = self._on_every_process(lambda: self.decisions.finish(self._observation()))
             outcome = self._broadcast(outcome)
             if outcome is not None:
                 self._log_decision(self.history.complete(outcome), None)
@@ -499,28 +499,35 @@ class TyingTrainer(Trainer):
     # ----- what the strategy observes, and collectives -----
 
     def _broadcast(self, message):
-        """The main process's `message` on every process (collective); where it is the main process's failure
-        (`_on_main_process`), the other processes raise."""
+        """The main process's `message` on every process (collective)."""
         if self.accelerator.num_processes == 1:
             return message
-        received = broadcast_object_list([message], from_process=0)[0]
-        if isinstance(received, _MainProcessFailure) and not self.is_world_process_zero():
-            raise RuntimeError(
-                f"The main process stopped at step {self.state.global_step} with {received.error}; process "
-                f"{self.args.process_index} stops with it (its traceback is in the main process's output)"
-            )
-        return received
+        return broadcast_object_list([message], from_process=0)[0]
 
-    def _on_main_process(self, compute):
-        """`compute()`, strategy work whose result the main process then broadcasts. Should it raise on the main
-        process, the others are sent the failure and raise in their `_broadcast`, instead of waiting for a result
-        that never comes: a launcher that does not end them (a bare torch.distributed launch) leaves them hanging."""
-        try:
+    def _on_every_process(self, compute):
+        """`compute()`, strategy work that every process runs at the same step (collective). Should it raise on any
+        process, every process raises: that one with its error, the others naming it. Otherwise the others would wait
+        in the next collective, which the failed one never joins; a launcher that does not end them (a bare
+        torch.distributed launch) leaves them hanging. A strategy's own collectives come before anything that can
+        raise on one process alone."""
+        if self.accelerator.num_processes == 1:
             return compute()
-        except Exception as error:
-            if self.accelerator.num_processes > 1 and self.is_world_process_zero():
-                self._broadcast(_MainProcessFailure(f"{type(error).__name__}: {error}"))
-            raise
+        error = None
+        try:
+            result = compute()
+        except Exception as raised:
+            error = raised
+        failures = gather_object([None if error is None else f"{type(error).__name__}: {error}"])
+        if error is not None:
+            raise error
+        failed = [(rank, failure) for rank, failure in enumerate(failures) if failure is not None]
+        if failed:
+            rank, failure = failed[0]
+            raise RuntimeError(
+                f"Process {rank} stopped at step {self.state.global_step} with {failure}; process "
+                f"{self.args.process_index} stops with it (the traceback is in process {rank}'s output)"
+            )
+        return result
 
     def _mean_over_processes(self, value: float) -> float:
         """The mean of `value` over processes (collective)."""
@@ -719,13 +726,6 @@ class TyingTrainer(Trainer):
             return {}
         loss = evaluations[-1]["eval_loss"]
         return {"eval_loss": loss, "perplexity": perplexity(loss)}
-
-
-@dataclasses.dataclass(frozen=True)
-class _MainProcessFailure:
-    """What the main process broadcasts in place of a result when the strategy's work raised there."""
-
-    error: str
 
 
 def check_resumes_saved_settings(args: TyingTrainingArguments, checkpoint: str, state: dict | None) -> None:
