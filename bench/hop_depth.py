@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.markdown_tables import MIB, estimate, refresh_markdown  # noqa: E402
+from bench.markdown_tables import MIB, estimate, refresh_after_report  # noqa: E402
 from bench.provenance import source_lines  # noqa: E402
 from bench.report import accuracy_summary, paired_difference, verdict_cell  # noqa: E402
 from bench.scheduling import RESULT_FILE, Job, run_jobs, write_complete  # noqa: E402
@@ -73,7 +73,7 @@ def main() -> None:
         parser.error(str(error))
     failures = [] if args.report_only else _run_all(seeds, args.jobs, args.results_dir)
     print(f"Report: {write_report(seeds, args.results_dir, args.report_dir)}")
-    refresh_markdown()
+    refresh_after_report(args.report_dir)
     if failures:
         sys.exit(f"{len(failures)} run(s) failed, see their log.txt:\n" + "\n".join(failures))
 

@@ -34,7 +34,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.markdown_tables import estimate, refresh_markdown  # noqa: E402
+from bench.markdown_tables import estimate, refresh_after_report  # noqa: E402
 from bench.provenance import source_lines  # noqa: E402
 from bench.report import interval, load_result  # noqa: E402
 from bench.settings import (  # noqa: E402
@@ -280,7 +280,7 @@ def main() -> None:
     parser.add_argument("--report_dir", type=Path, default=RECIPE_REPORT.parent)
     args = parser.parse_args()
     print(f"Report: {write_recipe_report(args.results_dir, args.report_dir)}")
-    refresh_markdown()
+    refresh_after_report(args.report_dir)
 
 
 if __name__ == "__main__":
