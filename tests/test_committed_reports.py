@@ -29,6 +29,7 @@ REBUILT = [
     (["run_bench.py", "--preset", "paper48", "--report_only", "true"], "study/paper48", "results"),
     (["run_bench.py", "--preset", "depth", "--report_only", "true"], "study/depth", "results"),
     (["run_bench.py", "--preset", "depth-fresh", "--report_only", "true"], "study/depth-fresh", "results"),
+    (["run_bench.py", "--preset", "partial", "--report_only", "true"], "study/partial", "results"),
     (["run_bench.py", "--preset", "partial-depth", "--report_only", "true"], "study/partial-depth", "results"),
     (["compress.py", "--preset", "default", "--report_only", "true"], "compress", "results"),
     (["compress.py", "--preset", "depth", "--report_only", "true"], "compress/depth", "results"),
