@@ -72,6 +72,18 @@ def test_a_distilled_run_keeps_its_teacher_on_the_students_device_and_dtype(tmp_
     assert not any(parameter.requires_grad for parameter in teacher.parameters())
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs in one process")
+def test_distillation_under_data_parallel_is_refused_naming_the_launch_to_use(tmp_path):
+    """With several GPUs and no launcher, the Trainer wraps the model in DataParallel and would count the mix once
+    per GPU: refused before the teacher is loaded."""
+    from test_distillation import student_model
+
+    student_model(seed=5).save_pretrained(tmp_path / "teacher")
+    args = tying_args(tmp_path / "run", tying_strategy="static:cycle:2", use_cpu=False, distill_from=str(tmp_path / "teacher"))
+    with pytest.raises(ValueError, match=r"distill_from under torch.nn.DataParallel .*Launch one process per GPU"):
+        TyingTrainer(model=student_model(), args=args, train_dataset=token_dataset())
+
+
 def test_a_teacher_follows_a_student_the_trainer_places_on_the_gpu_only_when_training_starts(tmp_path):
     """With bf16_full_eval the Trainer leaves the student on the CPU until `train`, where the teacher was loaded
     beside it: the teacher must score each batch on the batch's device."""

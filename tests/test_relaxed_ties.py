@@ -59,6 +59,8 @@ def test_full_rank_relaxation_restores_the_trained_model_and_the_folder_and_expo
     reloaded = load_cleanly(kind.auto_class, tmp_path / "relaxed")
     assert reloaded.tying_map.to_list() == [0, 0, 2, 2]
     assert torch.equal(logits(reloaded), relaxed)
+    reloaded.save_pretrained(tmp_path / "saved again")  # a loaded one too: its base under the base's own names
+    assert torch.equal(logits(load_cleanly(kind.auto_class, tmp_path / "saved again")), relaxed)
 
     model.to_untied().save_pretrained(tmp_path / "export")
     stock = load_cleanly(kind.plain_class, tmp_path / "export")
@@ -180,6 +182,36 @@ def test_a_relaxed_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(
     assert final.keys() == expected.keys() and any("lora_" in name for name in final)
     for name in expected:
         torch.testing.assert_close(final[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("strategy", ["none", "static:0,0,2,2"])
+def test_a_relaxed_folder_trained_on_as_it_is_resumes_and_ends_on_its_best_with_its_adapters(tmp_path, strategy):
+    """docs/compressing.md: a relaxed folder trained on without lora_rank (as `run_clm.py --model_name_or_path` on it
+    does) resumes from its checkpoint as the uninterrupted run goes on, and ends on its best checkpoint's base and
+    adapters: both are loaded as relaxed ties, not as a plain model's weights."""
+    from hf_layertie.toolkit import load_model, load_tokenizer
+
+    model, _, _ = converted(GPT2, lora_rank=2)
+    model.save_pretrained(tmp_path / "relaxed")
+
+    def trainer(folder, **overrides):
+        loaded = load_model("tied_gpt2", load_tokenizer("shakespeare-bpe"), str(tmp_path / "relaxed"))
+        settings = dict(tying_strategy=strategy, max_steps=6, save_strategy="steps", save_steps=3)
+        return make_trainer(tmp_path / folder, model=loaded, **{**settings, **overrides})
+
+    uninterrupted = trainer("full")
+    uninterrupted.train()
+    resumed = trainer("resumed")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-3"))
+    final, expected = resumed.model.state_dict(), uninterrupted.model.state_dict()
+    assert final.keys() == expected.keys() and any("lora_" in name for name in final)
+    for name in expected:
+        torch.testing.assert_close(final[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+
+    best = trainer("best", callbacks=[ChoosesBestCheckpoint(3)], eval_strategy="steps", eval_steps=3, load_best_model_at_end=True)
+    best.train()
+    best.model.eval()
+    torch.testing.assert_close(logits(best.model), logits(load_cleanly(AutoModelForCausalLM, tmp_path / "best" / "checkpoint-3")), rtol=1e-5, atol=1e-6)
 
 
 class ChoosesBestCheckpoint(TrainerCallback):

@@ -177,6 +177,13 @@ def test_a_finished_run_run_again_says_so_and_changes_nothing(tmp_path, text_fil
         assert run(CAUSAL_LM, [*flags, "--resume_from_checkpoint", checkpoint]) == first
     assert f"--resume_from_checkpoint {checkpoint} is not used (no step is trained again" in caplog.text
     assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == files
+    # Its final weights lost, it is finished from its last checkpoint, still not from the one named: no checkpoint
+    # after that one is written again.
+    (tmp_path / "model.safetensors").unlink()
+    saved_at = {path: path.stat().st_mtime_ns for path in tmp_path.glob("checkpoint-*/trainer_state.json")}
+    assert run(CAUSAL_LM, [*flags, "--resume_from_checkpoint", checkpoint])["eval_loss"] == first["eval_loss"]
+    assert {path: path.stat().st_mtime_ns for path in tmp_path.glob("checkpoint-*/trainer_state.json")} == saved_at
+    assert (tmp_path / "model.safetensors").read_bytes() == files[tmp_path / "model.safetensors"]
 
 
 def test_a_finished_run_run_again_with_do_eval_evaluates_its_model_training_no_step(tmp_path, text_files, caplog):

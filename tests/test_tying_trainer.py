@@ -751,13 +751,19 @@ def test_with_a_checkpoint_limit_a_crash_before_the_tying_state_keeps_the_last_c
     assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-6"]  # the limit still holds
 
 
-def test_a_checkpoint_at_max_steps_is_finished_from_without_a_step_more(tmp_path):
-    overrides = dict(max_steps=12, save_strategy="steps", save_steps=4, lr_scheduler_type="constant")
+@pytest.mark.parametrize(
+    "length, as_path",
+    [(dict(max_steps=12), False), (dict(max_steps=12), True), (dict(max_steps=-1, num_train_epochs=0.75), False)],
+    ids=["max_steps", "max_steps, a Path", "by epochs"],  # 64 rows of 4 a step: 0.75 epochs are 12 steps
+)
+def test_a_checkpoint_at_max_steps_is_finished_from_without_a_step_more(tmp_path, length, as_path):
+    overrides = dict(**length, save_strategy="steps", save_steps=4, lr_scheduler_type="constant")
     uninterrupted = make_trainer(tmp_path / "full", **overrides)
     uninterrupted.train()
 
     finished = make_trainer(tmp_path / "finished", **overrides)
-    result = finished.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-12"))
+    last = tmp_path / "full" / "checkpoint-12"
+    result = finished.train(resume_from_checkpoint=last if as_path else str(last))
 
     assert result.global_step == finished.state.global_step == 12
     assert finished.tying_records == uninterrupted.tying_records  # the last decision rewarded as in the full run

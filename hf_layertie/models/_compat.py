@@ -128,12 +128,18 @@ def carries_integrated_adapters(model: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def saving_whole_model(model: PreTrainedModel):
-    """transformers' switch between an adapter-only save and a full one, set to the full one while inside."""
+    """transformers' switch between an adapter-only save and a full one, set to the full one while inside. The key
+    conversions `from_pretrained` recorded are set aside too: loading adapters records PEFT's, which drop the
+    adapters' `base_model.model.` prefix, and a save reverses them, so the base would be written under prefixed names
+    that no load reads. Without them the base is saved as a model that never loaded adapters saves it."""
     loaded, model._hf_peft_config_loaded = carries_integrated_adapters(model), False
+    conversions = model.__dict__.pop("_weight_conversions", None)
     try:
         yield
     finally:
         model._hf_peft_config_loaded = loaded
+        if conversions is not None:
+            model._weight_conversions = conversions
 
 
 # transformers: the private `Trainer` methods `TyingTrainer` calls (it takes the trainer as `trainer`).

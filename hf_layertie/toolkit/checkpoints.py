@@ -1,15 +1,18 @@
-"""Which checkpoint a script resumes from, and whether its run already finished (what makes a checkpoint complete
-is `hf_layertie.trainer.checkpoint_format`'s)."""
+"""Which checkpoint a script resumes from (what makes a checkpoint complete, and a run finished, is
+`hf_layertie.trainer.checkpoint_format`'s)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
-from transformers.trainer import TRAINER_STATE_NAME
-
-from ..trainer.checkpoint_format import TYING_STATE_NAME, checkpoint_step, last_complete_checkpoint, missing_checkpoint_files
+from ..trainer.checkpoint_format import (
+    TYING_STATE_NAME,
+    checkpoint_step,
+    finished_training_step,
+    last_complete_checkpoint,
+    missing_checkpoint_files,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +44,10 @@ def training_resume_point(output_dir: str | Path, resume_from_checkpoint: str | 
     complete output folder (`finished`: its step, from `finished_training_step`; the trainer finishes from it,
     training no step), else the checkpoint `checkpoint_to_resume` names. With neither, None, after refusing to train
     from scratch over a run that left no checkpoint (`refuse_training_over`)."""
-    if finished is not None and not missing_checkpoint_files(output_dir):
-        return str(output_dir)
+    if finished is not None:
+        if not missing_checkpoint_files(output_dir):
+            return str(output_dir)
+        resume_from_checkpoint = None  # finished from its last checkpoint, not trained again from an earlier one
     resume = checkpoint_to_resume(output_dir, resume_from_checkpoint)
     if resume is None:
         refuse_training_over(output_dir)
@@ -60,26 +65,3 @@ def refuse_training_over(output_dir: str | Path) -> None:
             f"from scratch over its model. Pass a new --output_dir; to train its weights further with a fresh "
             f"optimizer, also --model_name_or_path {output_dir}"
         )
-
-
-def finished_training_step(output_dir: str | Path, max_steps: int, num_train_epochs: float | None = None) -> int | None:
-    """The final step of a training run in `output_dir` that already reached `max_steps`, else None. With
-    `max_steps <= 0` (training by epochs) the run's own last step is the target, unless `num_train_epochs` asks
-    for more epochs than the run trained: it then continues from its last complete checkpoint (with none, the
-    scripts refuse to train over it: `refuse_training_over`).
-
-    `Trainer.save_state()` writes `trainer_state.json` into `output_dir` itself once training is over; training a
-    finished run again would only add steps past its end (transformers resumes one step further).
-    """
-    path = Path(output_dir) / TRAINER_STATE_NAME
-    if not path.is_file():
-        return None
-    with open(path) as file:
-        state = json.load(file)
-    step = state.get("global_step", 0)
-    # The epochs trained (`epoch`, a fraction: the saved `num_train_epochs` is rounded up); a state without it is a
-    # run's that ended as the Trainer ends one, judged by its own last step below.
-    if max_steps <= 0 and num_train_epochs is not None and num_train_epochs > state.get("epoch", num_train_epochs) + 1e-6:
-        return None
-    target = max_steps if max_steps > 0 else state.get("max_steps", 0)
-    return step if target > 0 and step >= target else None

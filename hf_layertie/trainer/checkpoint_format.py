@@ -119,6 +119,30 @@ def checkpoint_step(checkpoint: str | Path) -> int | None:
         return int(json.load(state_file).get("global_step", 0))
 
 
+def finished_training_step(output_dir: str | Path, max_steps: int, num_train_epochs: float | None = None) -> int | None:
+    """The final step of a training run in `output_dir` (its output folder, or a checkpoint of it) that already
+    reached `max_steps`, else None. With
+    `max_steps <= 0` (training by epochs) the run's own last step is the target, unless `num_train_epochs` asks
+    for more epochs than the run trained: it then continues from its last complete checkpoint (with none, the
+    scripts refuse to train over it: `refuse_training_over`).
+
+    `Trainer.save_state()` writes `trainer_state.json` into `output_dir` itself once training is over; training a
+    finished run again would only add steps past its end (transformers resumes one step further).
+    """
+    path = os.path.join(output_dir, TRAINER_STATE_NAME)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as file:
+        state = json.load(file)
+    step = state.get("global_step", 0)
+    # The epochs trained (`epoch`, a fraction: the saved `num_train_epochs` is rounded up); a state without it is a
+    # run's that ended as the Trainer ends one, judged by its own last step below.
+    if max_steps <= 0 and num_train_epochs is not None and num_train_epochs > state.get("epoch", num_train_epochs) + 1e-6:
+        return None
+    target = max_steps if max_steps > 0 else state.get("max_steps", 0)
+    return step if target > 0 and step >= target else None
+
+
 def missing_checkpoint_files(checkpoint: str | Path) -> list[str]:
     """The files a complete checkpoint has and `checkpoint` lacks (empty: it is complete).
 

@@ -61,6 +61,7 @@ from .checkpoint_format import (
     checkpoint_step,
     checkpoint_tying_map,
     explain_write_errors,
+    finished_training_step,
     last_complete_checkpoint,
     read_tying_state,
     starting_model,
@@ -203,6 +204,12 @@ class TyingTrainer(Trainer):
                 "distill_from replaces the training loss: leave compute_loss_func and label_smoothing_factor unset "
                 "(the next-token term of the mix is the plain cross-entropy)"
             )
+        if args.n_gpu > 1:
+            raise ValueError(
+                f"distill_from under torch.nn.DataParallel ({args.n_gpu} GPUs in one process): the Trainer scales a loss "
+                "computed once on the gathered batch as if each GPU had computed its own, so the mix would count "
+                f"{args.n_gpu} times. Launch one process per GPU (accelerate launch, or torchrun)"
+            )
         distillation = Distillation.load(
             args.distill_from, args.distillation_temperature, args.distillation_alpha, self.model, self.processing_class
         )
@@ -281,8 +288,8 @@ class TyingTrainer(Trainer):
         The training metrics (`train_loss`, `train_runtime`, `train_*_per_second`, `total_flos`) are the whole
         run's, over every sitting (`TrainingTotals`): resumed from a checkpoint, the mean loss of all the steps
         since the start, not of those this call trained; the Trainer's closing entry of `log_history` is given the
-        same numbers. A checkpoint that already reached `max_steps` (or the
-        output folder of a finished run) is not trained further: the model, the decisions and the trainer state are
+        same numbers. A checkpoint that already reached `max_steps`, or the last step of its `num_train_epochs`
+        (or the output folder of a finished run), is not trained further: the model, the decisions and the trainer state are
         restored from it, and the run ends there with the metrics it had. `resume_from_checkpoint=True` resumes
         from the last complete checkpoint in `output_dir` (one a crash left without its tying state is skipped).
         """
@@ -291,10 +298,14 @@ class TyingTrainer(Trainer):
             if last is None:
                 raise ValueError(f"resume_from_checkpoint=True: no complete checkpoint in {self.args.output_dir}")
             resume_from_checkpoint = str(last)
-        saved_step = checkpoint_step(resume_from_checkpoint) if isinstance(resume_from_checkpoint, str) else None
+        if isinstance(resume_from_checkpoint, os.PathLike):
+            resume_from_checkpoint = os.fspath(resume_from_checkpoint)
+        finished = isinstance(resume_from_checkpoint, str) and finished_training_step(
+            resume_from_checkpoint, self.args.max_steps, self.args.num_train_epochs
+        ) is not None
         # Resuming loads the checkpoint's totals; a sitting an earlier call left unfinished (it raised) is not one.
         self._totals, self._sitting_loss, self._sitting_start = TrainingTotals(), 0.0, None
-        if saved_step is not None and 0 < self.args.max_steps <= saved_step:
+        if finished:
             metrics = self._finish_from(resume_from_checkpoint)
         else:
             self._sitting_start = time.time()
@@ -615,11 +626,13 @@ class TyingTrainer(Trainer):
             self.decisions.load_state_dict(saved, self._observation())
             # The history on disk restarts from the checkpoint, as the run does.
             self.history.flush(self.args.should_save)
-        # Relaxed ties: a checkpoint saved after the map was applied holds the tied base and its adapters; one saved
-        # before (similarity's warm-up) is a plain one, and the adapters come when the run applies the map.
-        if self.args.lora_rank is not None and holds_adapters(resume_from_checkpoint):
+        # Relaxed ties (this run's, or those of a relaxed folder trained on as it is): a checkpoint saved after the map
+        # was applied holds the tied base and its adapters; one saved before (similarity's warm-up) is a plain one,
+        # and the adapters come when the run applies the map.
+        relaxed = self.args.lora_rank is not None or carries_integrated_adapters(self.model)
+        if relaxed and holds_adapters(resume_from_checkpoint):
             if not carries_integrated_adapters(self.model):
-                relax_ties(self.model, self.args.lora_rank, "zero")
+                self._relax(self.args.lora_rank, "zero", None)  # into an optimizer passed in, too
             load_relaxed_weights(self.model, resume_from_checkpoint)
             return
         super()._load_from_checkpoint(resume_from_checkpoint, model)
@@ -636,7 +649,7 @@ class TyingTrainer(Trainer):
         self._best_step_loaded = self.state.best_global_step
         if self.args.tying_mode != "none":
             self._retie_to_checkpoint(best)
-        if self.args.lora_rank is not None and carries_integrated_adapters(self.model):
+        if carries_integrated_adapters(self.model):  # relaxed ties, this run's or a relaxed folder's trained on
             load_relaxed_weights(self.model, best)  # a best checkpoint from before the map: its adapters at zero
             return
         super()._load_best_model()
