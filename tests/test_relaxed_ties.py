@@ -159,6 +159,19 @@ def _linear_layers(block):
     return [module for name, module in block.named_modules() if hasattr(module, "lora_A")]
 
 
+def assert_resumed_from_step_3_equals_uninterrupted(trainer, tmp_path) -> None:
+    """`trainer(folder)` trained to the end, and again resumed from the first run's checkpoint-3: the same weights,
+    adapters among them."""
+    uninterrupted = trainer("full")
+    uninterrupted.train()
+    resumed = trainer("resumed")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-3"))
+    final, expected = resumed.model.state_dict(), uninterrupted.model.state_dict()
+    assert final.keys() == expected.keys() and any("lora_" in name for name in final)
+    for name in expected:
+        torch.testing.assert_close(final[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize(
     "strategy, warmup",
     [("static:0,0,2,2", None), ("similarity:2", 0), ("similarity:2", 4)],  # warm-up 4: checkpoint-3 precedes the tie
@@ -173,15 +186,7 @@ def test_a_relaxed_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(
         perturb_(model, seed=3)
         return make_trainer(tmp_path / folder, model=model, **overrides)
 
-    uninterrupted = trainer("full")
-    uninterrupted.train()
-    resumed = trainer("resumed")
-    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-3"))
-
-    final, expected = resumed.model.state_dict(), uninterrupted.model.state_dict()
-    assert final.keys() == expected.keys() and any("lora_" in name for name in final)
-    for name in expected:
-        torch.testing.assert_close(final[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert_resumed_from_step_3_equals_uninterrupted(trainer, tmp_path)
 
 
 @pytest.mark.parametrize("strategy", ["none", "static:0,0,2,2"])
@@ -199,14 +204,7 @@ def test_a_relaxed_folder_trained_on_as_it_is_resumes_and_ends_on_its_best_with_
         settings = dict(tying_strategy=strategy, max_steps=6, save_strategy="steps", save_steps=3)
         return make_trainer(tmp_path / folder, model=loaded, **{**settings, **overrides})
 
-    uninterrupted = trainer("full")
-    uninterrupted.train()
-    resumed = trainer("resumed")
-    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-3"))
-    final, expected = resumed.model.state_dict(), uninterrupted.model.state_dict()
-    assert final.keys() == expected.keys() and any("lora_" in name for name in final)
-    for name in expected:
-        torch.testing.assert_close(final[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert_resumed_from_step_3_equals_uninterrupted(trainer, tmp_path)
 
     best = trainer("best", callbacks=[ChoosesBestCheckpoint(3)], eval_strategy="steps", eval_steps=3, load_best_model_at_end=True)
     best.train()

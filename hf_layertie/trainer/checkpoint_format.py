@@ -121,10 +121,9 @@ def checkpoint_step(checkpoint: str | Path) -> int | None:
 
 def finished_training_step(output_dir: str | Path, max_steps: int, num_train_epochs: float | None = None) -> int | None:
     """The final step of a training run in `output_dir` (its output folder, or a checkpoint of it) that already
-    reached `max_steps`, else None. With
-    `max_steps <= 0` (training by epochs) the run's own last step is the target, unless `num_train_epochs` asks
-    for more epochs than the run trained: it then continues from its last complete checkpoint (with none, the
-    scripts refuse to train over it: `refuse_training_over`).
+    reached `max_steps`, else None. With `max_steps <= 0` (training by epochs) the run's own last step is the target,
+    unless `num_train_epochs` asks for more epochs than the run trained: it then continues from its last complete
+    checkpoint (with none, the scripts refuse to train over it: `refuse_training_over`).
 
     `Trainer.save_state()` writes `trainer_state.json` into `output_dir` itself once training is over; training a
     finished run again would only add steps past its end (transformers resumes one step further).
