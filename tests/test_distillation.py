@@ -2,6 +2,7 @@
 resume, refusals, run_clm.py end to end, relaxed ties, and two DDP ranks."""
 
 import json
+import logging
 import math
 import re
 from pathlib import Path
@@ -22,6 +23,7 @@ from hf_layertie.language_modeling import CAUSAL_LM, run
 from hf_layertie.trainer import TYING_STATE_NAME
 from hf_layertie.trainer.checkpoint_format import read_tying_state
 from hf_layertie.trainer.distillation import distillation_loss
+from hf_layertie.toolkit import load_model, load_tokenizer
 from hf_layertie.trainer.training_args import DISTILLATION_SETTINGS
 
 CAUSAL_KINDS = pytest.mark.parametrize("kind", [GPT2, LLAMA, QWEN2, MISTRAL], ids=lambda kind: kind.name)
@@ -212,6 +214,27 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_both(tmp_path):
     student_tokenizer.save_pretrained(tmp_path / "teacher")  # the same tokenizer: accepted
     trainer = TyingTrainer(model=student_model(vocab_size=2048), args=args, train_dataset=token_dataset(), processing_class=student_tokenizer)
     assert trainer.distillation is not None
+
+
+def test_a_teacher_without_tokenizer_files_is_compared_by_its_special_token_ids(tmp_path, caplog):
+    """A causal teacher built with the WordPiece tokenizer and saved without it has the student's vocabulary size,
+    and its config's token ids are the WordPiece ones: refused by name. One built with the student's tokenizer is
+    accepted, with a warning that its tokens could not be compared."""
+    student_tokenizer = load_tokenizer("shakespeare-bpe")
+    overrides = "n_layer=2,n_embd=32,n_head=2,n_positions=32"
+    load_model("tied_gpt2", load_tokenizer("shakespeare-wordpiece"), config_overrides=overrides).save_pretrained(tmp_path / "wordpiece")
+    args = tying_args(tmp_path / "run", tying_strategy="static:all", distill_from=str(tmp_path / "wordpiece"))
+    message = (
+        r"the teacher was saved without tokenizer files, and its config's special token ids differ from the "
+        r"student's \(bos_token_id 50256 there and 0 here; eos_token_id 50256 there and 0 here\)"
+    )
+    with pytest.raises(ValueError, match=message):
+        TyingTrainer(model=load_model("tied_gpt2", student_tokenizer, config_overrides=overrides), args=args, train_dataset=token_dataset(), processing_class=student_tokenizer)
+    load_model("tied_gpt2", student_tokenizer, config_overrides=overrides).save_pretrained(tmp_path / "bpe")
+    args = tying_args(tmp_path / "run", tying_strategy="static:all", distill_from=str(tmp_path / "bpe"))
+    with caplog.at_level(logging.WARNING, logger="hf_layertie.trainer.distillation"):
+        TyingTrainer(model=load_model("tied_gpt2", student_tokenizer, config_overrides=overrides), args=args, train_dataset=token_dataset(), processing_class=student_tokenizer)
+    assert "the teacher was saved without tokenizer files" in caplog.text and "whether its tokens are the student's is not known" in caplog.text
 
 
 def test_a_masked_language_model_student_is_refused(tmp_path, teacher_dir):

@@ -212,6 +212,20 @@ def test_a_relaxed_folder_trained_on_as_it_is_resumes_and_ends_on_its_best_with_
     torch.testing.assert_close(logits(best.model), logits(load_cleanly(AutoModelForCausalLM, tmp_path / "best" / "checkpoint-3")), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("strategy", ["dlt", "random", "static:cycle:2", "similarity:2"])
+def test_a_relaxed_folder_is_not_re_tied_by_a_strategy_that_changes_its_map(tmp_path, strategy):
+    """Its adapters were fitted to the weights each position shares under its map (0 0 2 2): a strategy that moves
+    the map would leave them on other weights. Refused when the trainer is built, before a step."""
+    from hf_layertie.toolkit import load_model, load_tokenizer
+
+    model, _, _ = converted(GPT2, lora_rank=2)
+    model.save_pretrained(tmp_path / "relaxed")
+    loaded = load_model("tied_gpt2", load_tokenizer("shakespeare-bpe"), str(tmp_path / "relaxed"))
+    warmup = {"similarity_warmup_steps": 2} if strategy.startswith("similarity") else {}
+    with pytest.raises(ValueError, match=rf"tying_strategy='{strategy}' would change the map of a model that carries relaxed ties' adapters \(a relaxed folder, map 0 0 2 2\)"):
+        make_trainer(tmp_path / "run", model=loaded, tying_strategy=strategy, max_steps=4, **warmup)
+
+
 class ChoosesBestCheckpoint(TrainerCallback):
     """Stands in for the validation metric: names checkpoint-`step` the best one, whatever the losses were."""
 

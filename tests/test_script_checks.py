@@ -14,6 +14,7 @@ from hf_layertie.language_modeling import CAUSAL_LM, MASKED_LM, run
 from hf_layertie.language_modeling import multihop as hop_tasks
 from hf_layertie.language_modeling.run import parse_arguments
 from hf_layertie.toolkit import load_tokenizer, tied_model_type
+from hf_layertie.toolkit.models import load_model, small_size_overrides
 
 
 def tiny_task_flags(output_dir, task, config, *extra):
@@ -300,3 +301,45 @@ def test_run_clm_refuses_a_masking_share_it_would_ignore(share):
     """Given at all, even at run_mlm.py's default: the user asked for masking run_clm.py does not do."""
     with pytest.raises(ValueError, match=rf"--mlm_probability {share}: run_clm.py predicts each next token and masks nothing"):
         parse_arguments(CAUSAL_LM, ["--mlm_probability", share])
+
+
+@pytest.mark.parametrize("model_type", list(TIED_MODELS))
+def test_every_size_the_package_suggests_builds_trains_saves_and_reloads(tmp_path, model_type):
+    """A from-scratch config is built from the overrides, so that derived fields follow (Llama's and Mistral's
+    head_dim, Qwen2's layer_types, the key-value heads): the suggested size (`small_size_overrides`, which the
+    size refusal prints) at a depth other than the default trains a step, saves and reloads to the same logits."""
+    config_class = TIED_MODELS[model_type][0].config_class
+    masked = model_type == "tied_bert"
+    tokenizer = load_tokenizer("shakespeare-wordpiece" if masked else "shakespeare-bpe", masked=masked)
+    depth = config_class.attribute_map.get("num_hidden_layers", "num_hidden_layers")
+    model = load_model(model_type, tokenizer, config_overrides=f"{small_size_overrides(config_class)},{depth}=3")
+    assert model.config.num_hidden_layers == 3
+    assert model.config.hidden_size // model.config.num_attention_heads == 32
+    if hasattr(model.config, "head_dim"):
+        assert model.config.head_dim == 32
+    if hasattr(model.config, "num_key_value_heads"):
+        assert model.config.num_key_value_heads == 4
+    batch = torch.randint(5, len(tokenizer), (2, 16), generator=torch.Generator().manual_seed(0))
+    model(input_ids=batch, labels=batch).loss.backward()
+    model.save_pretrained(tmp_path)
+    reloaded = type(model).from_pretrained(tmp_path).eval()
+    assert torch.equal(reloaded(input_ids=batch).logits, model.eval()(input_ids=batch).logits)
+
+
+@pytest.mark.parametrize("model_type", ["tied_llama", "tied_mistral", "tied_qwen2"])
+def test_overrides_of_width_and_heads_size_the_attention(model_type):
+    """The issue's case: 4 blocks of width 32 and 2 heads make q/k/v 32 x 32, not 256 x 32 (head_dim kept at 128)."""
+    tokenizer = load_tokenizer("shakespeare-bpe")
+    overrides = "num_hidden_layers=4,hidden_size=32,num_attention_heads=2,num_key_value_heads=2,intermediate_size=64"
+    model = load_model(model_type, tokenizer, config_overrides=overrides)
+    assert model.model.layers[0].self_attn.q_proj.weight.shape == (32, 32)
+
+
+def test_a_model_type_alone_runs_the_embedded_default_with_a_model_of_that_type(tmp_path):
+    """`run_clm.py --model_type tied_llama --max_steps 2` trains the embedded default with a Llama of the package's
+    small size (in Llama's fields, the default's context) instead of answering that nothing is to be done."""
+    model_args, data_args, training_args = parse_arguments(CAUSAL_LM, ["--model_type", "tied_llama", "--max_steps", "2", "--output_dir", str(tmp_path)])
+    assert training_args.do_train and training_args.do_eval and data_args.block_size == 64
+    assert model_args.config_overrides == f"{small_size_overrides(TIED_MODELS['tied_llama'][0].config_class)},max_position_embeddings=64"
+    model_args, _, _ = parse_arguments(CAUSAL_LM, ["--model_type", "tied_llama", "--config_overrides", "num_hidden_layers=2", "--output_dir", str(tmp_path)])
+    assert model_args.config_overrides.endswith(",max_position_embeddings=64,num_hidden_layers=2")  # the user's keys win

@@ -21,7 +21,7 @@ from hf_layertie.decisions import Decision, Observation, SimilarityDecisions
 from hf_layertie.dlt import PaperAgent
 from hf_layertie.models import TyingMap
 from hf_layertie.trainer import TYING_HISTORY_NAME, TYING_PLOT_NAME, TYING_STATE_NAME
-from hf_layertie.trainer.checkpoint_format import read_tying_state, write_tying_state
+from hf_layertie.trainer.checkpoint_format import finished_training_step, last_complete_checkpoint, read_tying_state, write_tying_state
 
 
 def tiny_model(num_blocks=4, seed=0):
@@ -496,6 +496,52 @@ def test_an_unreadable_tying_state_is_named_on_resume(tmp_path, saved_checkpoint
         make_trainer(tmp_path / "run", max_steps=4).train(resume_from_checkpoint=str(checkpoint))
 
 
+def truncate(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.mark.parametrize("damaged", ["trainer_state.json", "optimizer.pt", "model.safetensors", "config.json"])
+def test_a_damaged_file_in_a_checkpoint_is_named_and_the_checkpoint_before_it_is_resumed(tmp_path, saved_checkpoints, damaged):
+    for step in (1, 2):  # two complete checkpoints, the later one damaged by a kill or a full disk
+        shutil.copytree(saved_checkpoints["dlt"], tmp_path / f"checkpoint-{step}")
+    truncate(tmp_path / "checkpoint-2" / damaged)
+    with pytest.raises(ValueError) as error:
+        make_trainer(tmp_path / "run", max_steps=4).train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    named = str(tmp_path / "checkpoint-2" / damaged) + " is damaged", f"{tmp_path / 'checkpoint-2'}: damaged {damaged} ("
+    assert any(name in str(error.value) for name in named) and f"delete the folder {tmp_path / 'checkpoint-2'}" in str(error.value)
+    assert last_complete_checkpoint(tmp_path) == tmp_path / "checkpoint-1"
+
+
+def test_a_damaged_final_trainer_state_is_named_with_the_way_on(tmp_path):
+    trainer = make_trainer(tmp_path, tying_strategy="none", max_steps=2)
+    trainer.train()
+    trainer.save_state()
+    trainer_state = tmp_path / "trainer_state.json"
+    assert finished_training_step(tmp_path, 2) == 2
+    truncate(trainer_state)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(trainer_state))} is damaged \(JSONDecodeError: .*\): delete the damaged file, and a re-run"):
+        finished_training_step(tmp_path, 2)
+
+
+def test_the_final_trainer_state_is_written_atomically(tmp_path, monkeypatch):
+    """A kill while the final trainer_state.json is written leaves the old file whole (transformers writes in place)."""
+    trainer = make_trainer(tmp_path, tying_strategy="none", max_steps=2)
+    trainer.train()
+    trainer.save_state()
+    before = (tmp_path / "trainer_state.json").read_text()
+
+    def killed_half_way(state, path):
+        with open(path, "w") as file:
+            file.write(before[: len(before) // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.TrainerState, "save_to_json", killed_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.save_state()
+    assert (tmp_path / "trainer_state.json").read_text() == before and finished_training_step(tmp_path, 2) == 2
+
+
 class NaNLossAtCall:
     """Fault injection: the language-model head returns NaN logits in its `call`-th forward pass (from 1)."""
 
@@ -530,6 +576,38 @@ def test_a_non_finite_loss_stops_training_before_its_update_and_leaves_the_check
     assert injection.calls == 6  # the flag is read on the step's last micro-batch
     assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
     saved, current = load_file(checkpoint / "model.safetensors"), trainer.model.state_dict()
+    assert all(torch.isfinite(tensor).all() and torch.equal(current[name], tensor) for name, tensor in saved.items())
+
+
+class NaNGradientAtCall:
+    """Fault injection: a gradient hook that makes the gradient NaN in its `call`-th backward pass (from 1), under a
+    finite loss, as float16 weights overflowing in the backward pass do."""
+
+    def __init__(self, call):
+        self.call, self.calls = call, 0
+
+    def __call__(self, gradient):
+        self.calls += 1
+        return gradient * float("nan") if self.calls == self.call else gradient
+
+
+@pytest.mark.parametrize("strategy", ["dlt", "none"])
+def test_a_finite_loss_with_a_non_finite_gradient_stops_training_before_its_update(tmp_path, strategy):
+    model = tiny_model()
+    injection = NaNGradientAtCall(call=3)
+    model.transformer.wte.weight.register_hook(injection)  # the embedding: no re-tie replaces it
+    schedule = {"tying_interval": 4} if strategy == "dlt" else {}
+    trainer = make_trainer(tmp_path, model=model, tying_strategy=strategy, **schedule, max_steps=4, save_strategy="steps", save_steps=2)
+    with pytest.raises(FloatingPointError) as error:
+        trainer.train()
+
+    assert str(error.value) == (
+        "the gradient norm is not finite (NaN or inf) (nan) in step 3: training stopped before that step's update, so "
+        f"the weights are those after step 2 and nothing was saved from them. To go on, resume from the last "
+        f"checkpoint, {tmp_path / 'checkpoint-2'}, with a lower learning_rate (this run: 0.001) or a longer warm-up"
+    )
+    assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
+    saved, current = load_file(tmp_path / "checkpoint-2" / "model.safetensors"), trainer.model.state_dict()
     assert all(torch.isfinite(tensor).all() and torch.equal(current[name], tensor) for name, tensor in saved.items())
 
 

@@ -26,7 +26,7 @@ from transformers import (
 
 from ..checks import perplexity
 from ..trainer import TyingTrainer, TyingTrainingArguments, check_resumes_saved_settings
-from ..trainer.checkpoint_format import read_tying_state
+from ..trainer.checkpoint_format import read_json, read_tying_state
 from ..toolkit import (
     ModelArguments,
     bigram_loss,
@@ -519,7 +519,7 @@ def _drop_saved_evaluation(trainer: TyingTrainer, output_dir: str) -> None:
 
 def _saved_metrics(output_dir: str) -> dict[str, float]:
     path = Path(output_dir) / "all_results.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json(path) if path.is_file() else {}
 
 
 def _dataset_label(data_args: DataTrainingArguments) -> str:

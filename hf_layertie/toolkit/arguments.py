@@ -14,16 +14,23 @@ from transformers import HfArgumentParser
 
 from ..models import TIED_MODELS
 from ..trainer.training_args import TyingTrainingArguments
-from .models import ATTN_IMPLEMENTATIONS, TORCH_DTYPES, check_loading_options, check_model_source, check_tied_model_type
+from .models import (
+    ATTN_IMPLEMENTATIONS,
+    TORCH_DTYPES,
+    check_loading_options,
+    check_model_source,
+    check_tied_model_type,
+    small_size_overrides,
+)
 
-# Settings that name the user's own data or model: with any of them given, the embedded default does not apply.
+# Settings that name the user's own data or model: with any of them given, the embedded default does not apply. A
+# `--model_type` alone keeps the default, with a model of that type of the default's size (`_for_model_type`).
 OWN_DATA_OR_MODEL_SETTINGS = (
     "dataset_name",
     "dataset_config_name",
     "train_file",
     "validation_file",
     "model_name_or_path",
-    "model_type",
 )
 
 
@@ -136,9 +143,10 @@ def parse_command_line(
     if default_file is None:
         return parser.parse_args_into_dataclasses(args=argv)
     defaults = json.loads(Path(default_file).read_text())
-    given = _given(dataclass_types, argv, (*OWN_DATA_OR_MODEL_SETTINGS, *defaults))
+    given = _given(dataclass_types, argv, (*OWN_DATA_OR_MODEL_SETTINGS, "model_type", *defaults))
     if any(name in given for name in OWN_DATA_OR_MODEL_SETTINGS):
         return parser.parse_args_into_dataclasses(args=argv)
+    defaults = _for_model_type(defaults, given)
     parser.set_defaults(**_default_beneath(default_file, defaults, given))
     return _with_both_config_overrides(parser.parse_args_into_dataclasses(args=argv), defaults, given)
 
@@ -150,7 +158,7 @@ def _parse_settings_file(parser: HfArgumentParser, path: Path, default_file: Pat
     given = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     if default_file is None or any(name in given for name in OWN_DATA_OR_MODEL_SETTINGS):
         return parser.parse_dict(given)
-    defaults = json.loads(Path(default_file).read_text())
+    defaults = _for_model_type(json.loads(Path(default_file).read_text()), given)
     parsed = parser.parse_dict({**_default_beneath(default_file, defaults, given), **given})
     return _with_both_config_overrides(parsed, defaults, given)
 
@@ -160,6 +168,21 @@ def _default_beneath(default_file: Path, defaults: dict, given: dict) -> dict:
     does not read dropped)."""
     print(f"No data or model arguments: the embedded default ({default_file}) with the settings given on top", file=sys.stderr)
     return {**defaults, **dict.fromkeys(_unread_default_settings(defaults, given))}
+
+
+def _for_model_type(defaults: dict, given: dict) -> dict:
+    """The default's settings for the `--model_type` given: its own `config_overrides` name its own type's fields
+    (GPT-2's `n_layer`, ...), so another type gets the package's small size (`small_size_overrides`) in its own
+    fields, with the default's context (`block_size`)."""
+    chosen = given.get("model_type")
+    if chosen is None or chosen == defaults["model_type"]:
+        return defaults
+    check_tied_model_type(chosen)
+    config_class = TIED_MODELS[chosen][0].config_class
+    context = config_class.attribute_map.get("max_position_embeddings", "max_position_embeddings")
+    overrides = f"{small_size_overrides(config_class)},{context}={defaults['block_size']}"
+    print(f"--model_type {chosen}: the embedded default's {defaults['model_type']} ({defaults['config_overrides']}) becomes a {chosen} of {overrides}", file=sys.stderr)
+    return {**defaults, "config_overrides": overrides}
 
 
 def _with_both_config_overrides(parsed: tuple, defaults: dict, given: dict) -> tuple:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..trainer.checkpoint_format import (
     TYING_STATE_NAME,
+    check_checkpoint_readable,
     checkpoint_step,
     finished_training_step,
     last_complete_checkpoint,
@@ -32,6 +33,7 @@ def checkpoint_to_resume(output_dir: str | Path, resume_from_checkpoint: str | N
             )
         if missing:
             raise ValueError(f"--resume_from_checkpoint {resume_from_checkpoint} is incomplete: it has no {', '.join(missing)}")
+        check_checkpoint_readable(resume_from_checkpoint)
         return str(resume_from_checkpoint)
     last = last_complete_checkpoint(output_dir)
     if last is not None:

@@ -9,7 +9,7 @@ from typing import get_args
 import torch
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from safetensors import SafetensorError
-from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import is_flash_attn_2_available
 
 from ..checks import reworded
@@ -159,27 +159,60 @@ def load_model(
         if model.adapted_blocks_sharing_weights():  # relaxed ties, which train adapters and shared weights alike:
             model.requires_grad_(True)  # transformers loads adapters frozen, for inference
         return model
-    special_ids = {
-        key: getattr(tokenizer, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(tokenizer, key) is not None
-    }
-    config = model_class.config_class(vocab_size=len(tokenizer), **special_ids)
-    if config_overrides is not None:
-        try:
-            config.update_from_string(config_overrides)
-        except (ValueError, TypeError) as error:  # transformers raises TypeError for a field of another type
-            raise ValueError(
-                f"--config_overrides {config_overrides!r}: {error}; expected comma-separated key=value pairs of "
-                f"{type(config).__name__} fields, e.g. 'n_layer=6,n_embd=128'"
-            ) from None
-        logger.info(f"Config overridden with {config_overrides}")
+    config = from_scratch_config(model_class.config_class, tokenizer, config_overrides)
     size = _approximate_parameters(config)
     if size > LARGEST_FROM_SCRATCH:
         raise ValueError(
             f"A {model_type} built from scratch with {config_overrides or 'the default config'} has about "
-            f"{size / 1e9:.1f}B parameters; pass --config_overrides to size it (e.g. 'num_hidden_layers=6,hidden_size=128,"
-            f"intermediate_size=512,num_attention_heads=4')"
+            f"{size / 1e9:.1f}B parameters; pass --config_overrides to size it (e.g. "
+            f"'{small_size_overrides(model_class.config_class)}')"
         )
     return auto_class.from_config(config, **options)
+
+
+def from_scratch_config(config_class: type[PretrainedConfig], tokenizer, config_overrides: str | None = None) -> PretrainedConfig:
+    """A new config of `config_class` sized to the tokenizer, with `config_overrides` (`"n_layer=6,n_embd=128"`)
+    passed to its constructor, so that the fields derived from them follow: Llama's and Mistral's `head_dim`,
+    Qwen2's `layer_types`. Set on a built config (`update_from_string`), they would keep the defaults' values: a
+    head_dim of 128 at any width, 32 layer types at any depth. transformers parses each value by its field's type.
+    Overrides that set the attention heads but not `num_key_value_heads` get as many key-value heads (multi-head
+    attention), as Llama's own default does; a 32-head default (Qwen2's) would not divide 4 heads."""
+    special_ids = {
+        key: getattr(tokenizer, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(tokenizer, key) is not None
+    }
+    if config_overrides is None:
+        return config_class(vocab_size=len(tokenizer), **special_ids)
+    parsed = config_class()
+    try:
+        parsed.update_from_string(config_overrides)
+    except (ValueError, TypeError) as error:  # transformers raises TypeError for a field of another type
+        raise ValueError(
+            f"--config_overrides {config_overrides!r}: {error}; expected comma-separated key=value pairs of "
+            f"{config_class.__name__} fields, e.g. '{small_size_overrides(config_class)}'"
+        ) from None
+    names = [config_class.attribute_map.get(name, name) for name in _override_names(config_overrides)]
+    fields = {name: getattr(parsed, name) for name in names}
+    if "num_attention_heads" in fields and "num_key_value_heads" not in fields and hasattr(parsed, "num_key_value_heads"):
+        fields["num_key_value_heads"] = fields["num_attention_heads"]
+    logger.info(f"Config built with {config_overrides}")
+    return config_class(**{"vocab_size": len(tokenizer), **special_ids, **fields})
+
+
+def _override_names(config_overrides: str) -> list[str]:
+    """The field names of `"key=value,key=value"`, split as `PretrainedConfig.update_from_string` splits them."""
+    return [item.split("=")[0] for item in config_overrides.split(",")]
+
+
+# The size a from-scratch model is suggested, in any config's own field names (`small_size_overrides`).
+SMALL_SIZE = {"num_hidden_layers": 6, "hidden_size": 128, "num_attention_heads": 4, "intermediate_size": 512}
+
+
+def small_size_overrides(config_class: type[PretrainedConfig]) -> str:
+    """`SMALL_SIZE` as `--config_overrides` for `config_class`, under its own names (GPT-2's `n_layer`, ...; GPT-2
+    has no `intermediate_size`: its MLP is 4 x hidden_size, the same 512)."""
+    fields = {config_class.attribute_map.get(name, name): value for name, value in SMALL_SIZE.items()}
+    known = config_class.__dataclass_fields__
+    return ",".join(f"{name}={value}" for name, value in fields.items() if name in known)
 
 
 def _fit_embedding_to_tokenizer(model: PreTrainedModel, tokenizer, name_or_path: str) -> None:

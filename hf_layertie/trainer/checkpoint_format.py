@@ -20,10 +20,12 @@ import logging
 import os
 import re
 import shutil
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import (
@@ -102,8 +104,7 @@ def _model_origin(source: str) -> str:
 def checkpoint_tying_map(checkpoint: str | Path, num_blocks: int) -> TyingMap:
     """The map saved in a checkpoint's config.json (independent blocks when it has none)."""
     path = os.path.join(checkpoint, CONFIG_NAME)
-    with open(path) as config_file:
-        entries = json.load(config_file).get("tying_map")
+    entries = read_json(path).get("tying_map")
     try:
         return TyingMap.independent(num_blocks) if entries is None else TyingMap(entries, num_blocks=num_blocks)
     except ValueError as error:
@@ -115,8 +116,7 @@ def checkpoint_step(checkpoint: str | Path) -> int | None:
     path = os.path.join(checkpoint, TRAINER_STATE_NAME)
     if not os.path.isfile(path):
         return None
-    with open(path) as state_file:
-        return int(json.load(state_file).get("global_step", 0))
+    return int(read_json(path).get("global_step", 0))
 
 
 def finished_training_step(output_dir: str | Path, max_steps: int, num_train_epochs: float | None = None) -> int | None:
@@ -131,8 +131,7 @@ def finished_training_step(output_dir: str | Path, max_steps: int, num_train_epo
     path = os.path.join(output_dir, TRAINER_STATE_NAME)
     if not os.path.isfile(path):
         return None
-    with open(path) as file:
-        state = json.load(file)
+    state = read_json(path)
     step = state.get("global_step", 0)
     # The epochs trained (`epoch`, a fraction: the saved `num_train_epochs` is rounded up); a state without it is a
     # run's that ended as the Trainer ends one, judged by its own last step below.
@@ -140,6 +139,53 @@ def finished_training_step(output_dir: str | Path, max_steps: int, num_train_epo
         return None
     target = max_steps if max_steps > 0 else state.get("max_steps", 0)
     return step if target > 0 and step >= target else None
+
+
+def read_json(path: str | Path) -> dict:
+    """A JSON file a run wrote (trainer_state.json, config.json), or one error naming it and the way on: a damaged
+    one (a kill or a full disk while it was written) makes every re-run fail where json would say only where."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return json.load(file)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is damaged ({type(error).__name__}: {error}): {_way_past(Path(path).parent)}") from None
+
+
+def _way_past(folder: Path) -> str:
+    """What to do with a damaged file in `folder`: a checkpoint's folder can go, a run resumes from the one before;
+    a finished run's output folder without its trainer state is finished from its last checkpoint."""
+    if _CHECKPOINT_NAME.match(folder.name):
+        return f"delete the folder {folder}, and a re-run resumes from the complete checkpoint before it (or starts again)"
+    return (
+        f"delete the damaged file, and a re-run of the same command goes on from the last complete checkpoint in "
+        f"{folder} (or pass a new --output_dir)"
+    )
+
+
+def damaged_checkpoint_files(checkpoint: str | Path) -> list[str]:
+    """The files of `checkpoint` that cannot be read, each as "name (error)": JSON that does not parse, safetensors
+    whose header does not, torch files whose zip directory is not there (a truncated file ends before it). Cheap:
+    no tensor is read."""
+    damaged = []
+    for path in sorted(Path(checkpoint).iterdir()):
+        try:
+            if path.suffix == ".json":
+                json.loads(path.read_text(encoding="utf-8"))
+            elif path.suffix == ".safetensors":
+                with safe_open(path, framework="pt"):
+                    pass
+            elif path.suffix in (".pt", ".bin", ".pth"):
+                zipfile.ZipFile(path).close()
+        except (ValueError, OSError, SafetensorError, zipfile.BadZipFile) as error:
+            damaged.append(f"{path.name} ({type(error).__name__}: {error})")
+    return damaged
+
+
+def check_checkpoint_readable(checkpoint: str | Path) -> None:
+    """Refuse to resume from a checkpoint with a damaged file, naming it (transformers' errors do not)."""
+    damaged = damaged_checkpoint_files(checkpoint)
+    if damaged:
+        raise ValueError(f"cannot resume from {checkpoint}: damaged {'; '.join(damaged)}. To go on, {_way_past(Path(checkpoint))}")
 
 
 def missing_checkpoint_files(checkpoint: str | Path) -> list[str]:
@@ -167,9 +213,11 @@ def last_complete_checkpoint(output_dir: str | Path) -> Path | None:
     numbered = [(int(match.group(1)), path) for path in output_dir.iterdir() if (match := _CHECKPOINT_NAME.match(path.name))]
     for _, checkpoint in sorted(numbered, reverse=True):
         missing = missing_checkpoint_files(checkpoint)
-        if not missing:
+        damaged = [] if missing else damaged_checkpoint_files(checkpoint)
+        if not missing and not damaged:
             return checkpoint
-        logger.warning(f"Skipping {checkpoint}: an interrupted save left it without {', '.join(missing)}")
+        problem = f"an interrupted save left it without {', '.join(missing)}" if missing else f"damaged {'; '.join(damaged)}"
+        logger.warning(f"Skipping {checkpoint}: {problem}")
     return None
 
 

@@ -18,6 +18,7 @@ wrapper, a checkpoint or the student's parameter counts. A resumed run loads it 
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 
@@ -25,11 +26,15 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+logger = logging.getLogger(__name__)
+
 IGNORE_INDEX = -100
 # The inputs the teacher reads from a training batch (labels are the loss's, not the teacher's).
 TEACHER_INPUTS = ("input_ids", "attention_mask", "position_ids")
 # Any of these in the teacher's folder means it has a tokenizer to compare with the student's.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")
+# The token ids a config records from the tokenizer it was built with: compared when the teacher has no tokenizer.
+SPECIAL_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def distillation_loss(
@@ -146,7 +151,8 @@ def load_teacher(source: str, dtype: torch.dtype) -> PreTrainedModel:
 
 def check_same_vocabulary(source: str, teacher, student, processing_class=None) -> None:
     """Refuse a teacher whose vocabulary size, or (where both have one) tokenizer, differs from the student's, with
-    one error naming both."""
+    one error naming both. A teacher saved without tokenizer files is compared by what its config records of its
+    tokenizer (`_check_special_token_ids`)."""
     sizes = teacher.config.get_text_config().vocab_size, student.config.get_text_config().vocab_size
     if sizes[0] != sizes[1]:
         raise ValueError(
@@ -157,6 +163,7 @@ def check_same_vocabulary(source: str, teacher, student, processing_class=None) 
     student_tokenizer = getattr(processing_class, "tokenizer", processing_class)
     teacher_tokenizer = _teacher_tokenizer(source) if hasattr(student_tokenizer, "get_vocab") else None
     if teacher_tokenizer is None:
+        _check_special_token_ids(source, teacher, student, student_tokenizer)
         return
     theirs, ours = teacher_tokenizer.get_vocab(), student_tokenizer.get_vocab()
     if theirs != ours:
@@ -167,6 +174,30 @@ def check_same_vocabulary(source: str, teacher, student, processing_class=None) 
             f"{differing!r} is token {theirs.get(differing)} there and {ours.get(differing)} here; the teacher must "
             f"share the student's tokenizer"
         )
+
+
+def _check_special_token_ids(source: str, teacher, student, student_tokenizer) -> None:
+    """A teacher without a tokenizer: refuse it when its config's special token ids (those of the tokenizer it was
+    built with) differ from the student's tokenizer's (its config's when it has none), since then the two were
+    built with different tokenizers; else say that its tokens could not be compared."""
+    theirs = teacher.config.get_text_config()
+    ours = student_tokenizer if hasattr(student_tokenizer, "get_vocab") else student.config.get_text_config()
+    differing = [
+        f"{key} {getattr(theirs, key)} there and {getattr(ours, key)} here"
+        for key in SPECIAL_TOKEN_IDS
+        if None not in (getattr(theirs, key, None), getattr(ours, key, None)) and getattr(theirs, key) != getattr(ours, key)
+    ]
+    if differing:
+        raise ValueError(
+            f"distill_from {source}: the teacher was saved without tokenizer files, and its config's special token ids "
+            f"differ from the student's ({'; '.join(differing)}): it was built with another tokenizer, and the KL "
+            f"would compare different tokens. Distil from a teacher that shares the student's tokenizer"
+        )
+    logger.warning(
+        f"distill_from {source}: the teacher was saved without tokenizer files ({', '.join(TOKENIZER_FILES)}), so only "
+        f"its vocabulary size and special token ids could be compared with the student's (they agree); whether its "
+        f"tokens are the student's is not known. Save the teacher's tokenizer beside it to have it checked"
+    )
 
 
 def _teacher_tokenizer(source: str):

@@ -57,6 +57,7 @@ from ..models.tying_map import TyingMap
 from ..relaxed_ties import check_lora_rank, holds_adapters, load_relaxed_weights, relax_ties
 from .checkpoint_format import (
     TYING_STATE_NAME,
+    check_checkpoint_readable,
     check_resumes_starting_model,
     checkpoint_step,
     checkpoint_tying_map,
@@ -105,7 +106,8 @@ class TyingTrainer(Trainer):
             DeepSpeed (neither follows a re-tie); from `train(resume_from_checkpoint=...)`, when the checkpoint was
             saved under other tying settings (`TyingTrainingArguments.resume_settings`) or its `tying_state.pt` cannot
             be read; from `train`, when the strategy cannot serve the run (a similarity warm-up as long as the run).
-        FloatingPointError: from `train`, when a training loss is NaN or infinite, before that step's update.
+        FloatingPointError: from `train`, when a training loss or the gradient norm is NaN or infinite, before that
+            step's update.
 
     Attributes:
         decisions: the strategy (`hf_layertie.decisions.TyingDecisions`) owning the run's tying decisions.
@@ -170,6 +172,7 @@ class TyingTrainer(Trainer):
         self._starting_weights = self._block_weights() if args.untie_init == "own" else None
         self.distillation = self._start_distillation()
         start = self.decisions.start(self._observation())
+        _refuse_moving_relaxed_ties(self.model, args.tying_strategy, decisions_class.changes_map, start)
         if start is not None:
             self._take(start)
 
@@ -281,6 +284,15 @@ class TyingTrainer(Trainer):
         self.decisions.observe_loss(loss)
         self._non_finite_loss.check(loss, self.accelerator, self.state.global_step, self.args.output_dir, self.args.learning_rate)
         return loss
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """The Trainer's gradient norm, measured before `optimizer.step()`: a non-finite one stops training there
+        (`NonFiniteLossGuard.check_gradient_norm`), so no update, checkpoint or model is made of NaN weights."""
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        self._non_finite_loss.check_gradient_norm(
+            grad_norm, self.accelerator, self.state.global_step, self.args.output_dir, self.args.learning_rate
+        )
+        return grad_norm
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs) -> TrainOutput:
         """`Trainer.train`, then the strategy's last reward (the loss of the steps after the last decision).
@@ -614,6 +626,7 @@ class TyingTrainer(Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         state = read_tying_state(resume_from_checkpoint)
+        check_checkpoint_readable(resume_from_checkpoint)
         check_resumes_saved_settings(self.args, resume_from_checkpoint, state)
         check_resumes_starting_model(resume_from_checkpoint, state, self.args.untie_init, self.model)
         self._totals = TrainingTotals.saved_in(state, checkpoint_step(resume_from_checkpoint) or 0)
@@ -668,6 +681,16 @@ class TyingTrainer(Trainer):
         tied = declared_tied_weights(self.model)
         load_result.missing_keys[:] = [key for key in load_result.missing_keys if key not in tied]
         super()._issue_warnings_after_load(load_result)
+
+    def save_state(self) -> None:
+        """`Trainer.save_state`, written atomically: the final `trainer_state.json` is what tells a re-run that the
+        run finished, so a kill while it is written leaves the old file or none, never half of one."""
+        if not self.is_world_process_zero():  # as the Trainer's own
+            return
+        path = os.path.join(self.args.output_dir, TRAINER_STATE_NAME)
+        with explain_write_errors(self.args.output_dir):
+            self.state.save_to_json(path + ".partial")
+            os.replace(path + ".partial", path)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the model; a final save (not a checkpoint's) also writes its tying state, plot and model card beside
@@ -826,6 +849,22 @@ _ENGINES_THAT_CANNOT_FOLLOW_RETIES = {
         "its engine cannot follow re-ties, and its resume skips the tying state",
     ),
 }
+
+
+def _refuse_moving_relaxed_ties(model, strategy: str, changes_map: bool, start: Decision | None) -> None:
+    """Refuse a strategy that would change the map of a model carrying relaxed ties' adapters (a relaxed folder
+    trained on): each adapter was fitted to the weights its position shares under that map, and would stay on weights
+    it was not fitted to (logits move at learning rate 0). Before anything is trained: the check needs only the
+    strategy's starting decision."""
+    if not isinstance(model, TiedBlocksMixin) or not (carries_integrated_adapters(model) or model.adapted_blocks()):
+        return
+    if changes_map or (start is not None and start.map_after != model.tying_map):
+        raise ValueError(
+            f"tying_strategy={strategy!r} would change the map of a model that carries relaxed ties' adapters (a "
+            f"relaxed folder, map {model.tying_map.render()}): they were fitted to the weights each position shares "
+            f"under that map. Train it as it is (tying_strategy='none', or static with its own map), or tie its plain "
+            f"export (to_untied()) under the new map and relax it again with lora_rank"
+        )
 
 
 def _refuse_engine(model, engine: str, enabled: bool) -> None:
