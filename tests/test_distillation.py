@@ -1,6 +1,7 @@
 """Knowledge distillation (`distill_from`): the mixed loss by hand, a frozen teacher outside the training state, exact
 resume, refusals, run_clm.py end to end, relaxed ties, and two DDP ranks."""
 
+import importlib
 import json
 import logging
 import math
@@ -269,6 +270,15 @@ def test_the_defaults_are_distilberts_and_apply_only_with_a_teacher(tmp_path):
 def test_a_missing_teacher_is_named(tmp_path):
     with pytest.raises(ValueError, match=rf"distill_from {re.escape(str(tmp_path / 'nowhere'))}: could not load a causal language model"):
         distilled_trainer(tmp_path / "run", tmp_path / "nowhere")
+
+
+def test_a_missing_teacher_folder_is_refused_by_run_clm_before_anything_loads(tmp_path, monkeypatch):
+    """Named as a missing folder (not a malformed Hub id), before the tokenizer, the student or the data load."""
+    workflow = importlib.import_module("hf_layertie.language_modeling.run")
+    monkeypatch.setattr(workflow, "load_tokenizer", lambda *args, **kwargs: pytest.fail("loaded before the check"))
+    missing = tmp_path / "no" / "teacher"
+    with pytest.raises(ValueError, match=rf"^--distill_from {re.escape(str(missing))}: no such folder, and not a Hub repo id"):
+        run(CAUSAL_LM, ["--distill_from", str(missing), "--output_dir", str(tmp_path / "run"), "--max_steps", "1"])
 
 
 def test_run_clm_flags_and_help_name_the_distillation_settings():

@@ -25,6 +25,7 @@ from ..toolkit import (
     load_tokenizer,
     parse_command_line,
     process_group_ended,
+    check_training_sources,
     refuse_training_settings_without_training,
     resolve_block_size,
     set_up_logging,
@@ -85,6 +86,7 @@ def _evaluate_and_fine_tune(
             f"--eval_strategy at 'no'"
         )
     refuse_training_settings_without_training(training_args)
+    check_training_sources(training_args)
     set_up_logging(training_args.get_process_log_level())
     resume = None
     if training_args.do_train:  # before any model or data is loaded: a run this command may not continue is refused

@@ -41,6 +41,7 @@ from ..toolkit import (
     parse_command_line,
     process_group_ended,
     read_stream,
+    check_training_sources,
     refuse_training_settings_without_training,
     resolve_block_size,
     set_up_logging,
@@ -120,6 +121,7 @@ def parse_arguments(task: LanguageModelingTask, argv: list[str] | None = None) -
             "model trained there"
         )
     refuse_training_settings_without_training(training_args)
+    check_training_sources(training_args)
     if data_args.dataset_name in HOP_TASKS and model_args.tokenizer_name is not None:
         raise ValueError(
             f"--dataset_name {data_args.dataset_name} generates its examples with its own word-level tokenizer: it reads "

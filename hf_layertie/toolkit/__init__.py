@@ -2,7 +2,13 @@
 tokenizers and models, resuming, logging, ending the process group, the reward batch and count baselines. Every
 function takes plain values."""
 
-from .arguments import ModelArguments, changed_from_default, parse_command_line, refuse_training_settings_without_training
+from .arguments import (
+    ModelArguments,
+    changed_from_default,
+    check_training_sources,
+    parse_command_line,
+    refuse_training_settings_without_training,
+)
 from .baselines import bigram_loss, unigram_loss
 from .checkpoints import (
     checkpoint_to_resume,
@@ -46,6 +52,7 @@ __all__ = [
     "missing_checkpoint_files",
     "refuse_training_over",
     "training_resume_point",
+    "check_training_sources",
     "refuse_training_settings_without_training",
     "parse_command_line",
     "process_group_ended",

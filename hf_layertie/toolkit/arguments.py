@@ -124,6 +124,13 @@ def refuse_training_settings_without_training(training_args) -> None:
         )
 
 
+def check_training_sources(training_args) -> None:
+    """Refuse a `--distill_from` that is neither a folder nor a Hub repo id before any data or model is loaded (the
+    teacher is loaded only with the trainer, and transformers would call a missing folder a malformed repo id)."""
+    if training_args.distill_from is not None:
+        check_model_source("--distill_from", training_args.distill_from)
+
+
 def parse_command_line(
     dataclass_types: tuple[type, ...], argv: list[str] | None = None, default_file: Path | None = None, description: str | None = None
 ):
