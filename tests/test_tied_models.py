@@ -15,7 +15,7 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from conftest import EVERY_KIND, GPT2, LLAMA, TINY_GPT2, ModelKind, every_kind, raw_tying_maps
+from conftest import EVERY_KIND, GPT2, LLAMA, TINY_GPT2, ModelKind, every_kind, make_tiny_gpt2_config, raw_tying_maps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
@@ -993,3 +993,18 @@ def test_trainer_keeps_optimizer_state_for_distinct_parameters_only(tiny_gpt2_co
         assert {id(parameter) for parameter in state} == parameters
         assert all(state[parameter]["step"] == 1 for parameter in state)
     assert_blocks_share_as(all_tied, [0] * num_blocks)
+
+
+def test_a_config_map_that_disagrees_with_the_weights_file_is_refused_naming_the_blocks(tmp_path):
+    """config.json says 0 0 2 2, the weights file holds four blocks of their own (a map edited by hand): loading
+    would drop blocks 1 and 3 silently. Refused; the way on it names reads every block."""
+    torch.manual_seed(0)
+    untied = TiedGPT2LMHeadModel(make_tiny_gpt2_config(num_blocks=4, n_embd=32))
+    untied.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "tying_map": [0, 0, 2, 2]}))
+    with pytest.raises(ValueError, match=r"holds weights of block\(s\) 1, 3, which the map in its config.json \(0 0 2 2\) ties to another block"):
+        TiedGPT2LMHeadModel.from_pretrained(tmp_path)
+    every_block = TiedGPT2LMHeadModel.from_pretrained(tmp_path, tying_map=[0, 1, 2, 3]).eval()
+    batch = torch.randint(0, 100, (2, 8))
+    assert torch.equal(every_block(input_ids=batch).logits, untied.eval()(input_ids=batch).logits)

@@ -513,6 +513,18 @@ def test_a_damaged_file_in_a_checkpoint_is_named_and_the_checkpoint_before_it_is
     assert last_complete_checkpoint(tmp_path) == tmp_path / "checkpoint-1"
 
 
+def test_a_tying_state_copied_from_another_run_is_refused(tmp_path):
+    """Two runs of other seeds, each saved at step 2; run B's tying_state.pt copied into run A's checkpoint would
+    give A B's decisions and training totals (its reported train_loss changed)."""
+    for name, seed in (("a", 1), ("b", 2)):
+        make_trainer(tmp_path / name, model=tiny_model(seed=seed), max_steps=2, save_strategy="steps", save_steps=2).train()
+    checkpoint = tmp_path / "a" / "checkpoint-2"
+    make_trainer(tmp_path / "resumed", max_steps=3).train(resume_from_checkpoint=str(checkpoint))  # its own: accepted
+    shutil.copy(tmp_path / "b" / "checkpoint-2" / TYING_STATE_NAME, checkpoint / TYING_STATE_NAME)
+    with pytest.raises(ValueError, match=rf"^cannot resume from {re.escape(str(checkpoint))}: its tying_state.pt was saved beside another trainer_state.json and weights"):
+        make_trainer(tmp_path / "again", max_steps=3).train(resume_from_checkpoint=str(checkpoint))
+
+
 def test_a_damaged_final_trainer_state_is_named_with_the_way_on(tmp_path):
     trainer = make_trainer(tmp_path, tying_strategy="none", max_steps=2)
     trainer.train()

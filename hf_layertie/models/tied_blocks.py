@@ -382,6 +382,7 @@ class TiedBlocksMixin(AdapterExportMixin):
         saved_map, self._saved_tying_map = self._saved_tying_map, None
         if saved_map is None:
             saved_map = self.tying_map
+            self._refuse_weights_the_map_ties(absent)
         # A checkpoint of more blocks (loaded with fewer layers) tied its first ones as its map's prefix says; a block
         # beyond a checkpoint of fewer has no weights there.
         used = [
@@ -399,6 +400,19 @@ class TiedBlocksMixin(AdapterExportMixin):
             if sources[root]:
                 names = _block_parameters(self.tied_blocks[root])
                 missing_keys.difference_update(f"{prefix}{member}.{name}" for member in members for name in names)
+
+    def _refuse_weights_the_map_ties(self, absent: set[int]) -> None:
+        """A checkpoint loaded with its own config's map stores only the blocks that own weights under it: weights
+        of a block the map ties to another mean that config.json and the weights file disagree (a map edited by
+        hand, files of two saves mixed), and transformers would drop them without a word."""
+        extra = [block for block, source in enumerate(self.tying_map) if source != block and block not in absent]
+        if extra:
+            raise ValueError(
+                f"{self.config.name_or_path}: the weights file holds weights of block(s) {', '.join(map(str, extra))}, "
+                f"which the map in its config.json ({self.tying_map.render()}) ties to another block: the map and the "
+                f"weights disagree, and those weights would be dropped. Load it with tying_map={list(range(len(self.tying_map)))} "
+                f"to read every block's own weights (then retie), or mend the map in config.json"
+            )
 
     @property
     def _tied_weights_keys(self) -> dict[str, str]:

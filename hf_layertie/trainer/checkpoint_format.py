@@ -15,6 +15,7 @@ skips incomplete ones.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -72,6 +73,36 @@ def read_tying_state(checkpoint: str | Path) -> dict | None:
     if not isinstance(state, dict) or not TYING_STATE_KEYS <= state.keys():
         raise ValueError(f"{path} is not a tying state: expected a dict with the keys {sorted(TYING_STATE_KEYS)}")
     return state
+
+
+def checkpoint_digest(folder: str | Path) -> str | None:
+    """A SHA-256 of what identifies a checkpoint's run and step (None without a trainer state): its
+    `trainer_state.json` and the first MiB of each weights file (two runs of one recipe can log the same trainer
+    state; their weights differ). A checkpoint's tying state records it, taken just before the tying state is
+    written: the two then belong to one run and one step. Cheap: a MiB per file, whatever the model's size."""
+    folder = Path(folder)
+    if not (folder / TRAINER_STATE_NAME).is_file():
+        return None
+    digest = hashlib.sha256((folder / TRAINER_STATE_NAME).read_bytes())
+    for name in (*WEIGHTS_FILES, *ADAPTER_WEIGHTS_FILES):
+        if (folder / name).is_file():
+            with open(folder / name, "rb") as weights:
+                digest.update(weights.read(2**20))
+    return digest.hexdigest()
+
+
+def check_tying_state_belongs(checkpoint: str | Path, state: dict | None) -> None:
+    """Refuse a checkpoint whose `tying_state.pt` was saved beside another trainer state and weights (`checkpoint_digest`:
+    copied from another run or step): resuming would take that run's decisions and training totals. States saved before the digest was
+    recorded, and a finished run's output folder (its trainer state is written after the tying state), are not
+    checked."""
+    saved = None if state is None else state.get("checkpoint_sha256")
+    if saved is not None and saved != checkpoint_digest(checkpoint):
+        raise ValueError(
+            f"cannot resume from {checkpoint}: its {TYING_STATE_NAME} was saved beside another {TRAINER_STATE_NAME} "
+            f"and weights (copied from another run or step): resuming would take that run's decisions and training totals. Put "
+            f"back the checkpoint's own {TYING_STATE_NAME}, or resume from another checkpoint"
+        )
 
 
 def starting_model(model) -> str:

@@ -59,6 +59,8 @@ from .checkpoint_format import (
     TYING_STATE_NAME,
     check_checkpoint_readable,
     check_resumes_starting_model,
+    check_tying_state_belongs,
+    checkpoint_digest,
     checkpoint_step,
     checkpoint_tying_map,
     explain_write_errors,
@@ -598,10 +600,10 @@ class TyingTrainer(Trainer):
             "training": dataclasses.asdict(self._training_totals()),
         }
 
-    def _write_tying_state(self, folder: str) -> None:
+    def _write_tying_state(self, folder: str, **recorded) -> None:
         state = self._tying_state()
         if self.args.should_save:
-            write_tying_state(folder, state)
+            write_tying_state(folder, {**state, **recorded})
 
     def _save_checkpoint(self, model, trial) -> None:
         """The Trainer's checkpoint, then the tying state, written last and atomically (a checkpoint with a
@@ -617,7 +619,7 @@ class TyingTrainer(Trainer):
             Path(folder, TYING_STATE_NAME).unlink(missing_ok=True)
         with _set_aside(self.args, save_total_limit=None, push_to_hub=False) as asked, explain_write_errors(folder):
             super()._save_checkpoint(model, trial)
-        self._write_tying_state(folder)
+        self._write_tying_state(folder, checkpoint_sha256=checkpoint_digest(folder) if self.args.should_save else None)
         self.history.flush(self.args.should_save)
         if asked["push_to_hub"]:
             self._push_from_checkpoint(folder)
@@ -627,6 +629,7 @@ class TyingTrainer(Trainer):
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         state = read_tying_state(resume_from_checkpoint)
         check_checkpoint_readable(resume_from_checkpoint)
+        check_tying_state_belongs(resume_from_checkpoint, state)
         check_resumes_saved_settings(self.args, resume_from_checkpoint, state)
         check_resumes_starting_model(resume_from_checkpoint, state, self.args.untie_init, self.model)
         self._totals = TrainingTotals.saved_in(state, checkpoint_step(resume_from_checkpoint) or 0)
