@@ -13,14 +13,18 @@ Two facts decide the design (measured on torch 2.13, see docs/multi-process.md, 
 
 Every process must call these functions at the same step with the same map: they are collective. `retie_sharded`
 compares the map and the optimizer across processes before anything else, and raises on every process where they
-disagree or do not fit, rather than leaving some processes blocked in a collective the others never enter.
+disagree or do not fit, rather than leaving some processes blocked in a collective the others never enter. Under
+gloo both first check that every process arrives (a monitored barrier): one that calls them alone raises, naming
+the misuse, once `arrival_timeout` has passed, instead of blocking or ending in a bare gloo error.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import weakref
 from collections.abc import Sequence
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -36,7 +40,11 @@ from .models._compat import declared_tied_weights
 from .models.tied_blocks import TiedBlocksMixin
 from .models.tying_map import TyingMap
 
+logger = logging.getLogger(__name__)
+
 _FULL = StateDictOptions(full_state_dict=True)
+# How long the processes may reach a collective call here apart before the early ones stop waiting.
+ARRIVAL_TIMEOUT = timedelta(minutes=5)
 
 
 def shard_tied_model(model: TiedBlocksMixin, mesh=None, **fully_shard_kwargs) -> TiedBlocksMixin:
@@ -73,11 +81,29 @@ def shard_tied_model(model: TiedBlocksMixin, mesh=None, **fully_shard_kwargs) ->
         "kwargs": dict(fully_shard_kwargs),
         "replaced": replaced,
     }
+    handle = model.register_forward_pre_hook(lambda module, args: _warn_if_replaced_are_held(module, handle))
     return model
 
 
+def _warn_if_replaced_are_held(model, handle) -> None:
+    """At the first forward pass after sharding (once): the Parameters `fully_shard` replaced are freed unless
+    something holds them, most likely an optimizer built before `shard_tied_model`, whose steps then change nothing
+    (`retie_sharded` refuses it; a run that never re-ties would train nothing without a word)."""
+    handle.remove()
+    held = sum(reference() is not None for reference in model._hf_layertie_sharding["replaced"].values())
+    if held:
+        logger.warning(
+            f"{held} Parameters that shard_tied_model replaced are still held, most likely by an optimizer built "
+            f"before sharding: its steps change nothing in the sharded model. Build the optimizer after "
+            f"shard_tied_model, over model.parameters()"
+        )
+
+
 def retie_sharded(
-    model: TiedBlocksMixin, optimizer: torch.optim.Optimizer | None, new_map: TyingMap | Sequence[int]
+    model: TiedBlocksMixin,
+    optimizer: torch.optim.Optimizer | None,
+    new_map: TyingMap | Sequence[int],
+    arrival_timeout: timedelta = ARRIVAL_TIMEOUT,
 ) -> TiedBlocksMixin:
     """Re-tie a model sharded by `shard_tied_model`; returns the new sharded model (use it from now on).
 
@@ -90,8 +116,10 @@ def retie_sharded(
     Raises:
         ValueError: on every process, before any state is touched, when the processes asked for different maps
             (naming each), the map is invalid, or `optimizer` does not hold exactly `model`'s Parameters.
+        RuntimeError: under gloo, when not every process called it within `arrival_timeout` (`_all_arrive`).
     """
     sharding = _sharding_of(model, "retie_sharded")
+    _all_arrive("retie_sharded", arrival_timeout)
     new_map = _agreed_map(model, optimizer, new_map, sharding)
     weights = get_model_state_dict(model, options=_FULL)
     optimizer_state = get_optimizer_state_dict(model, optimizer, options=_FULL) if optimizer is not None else None
@@ -110,11 +138,13 @@ def retie_sharded(
     return sharded
 
 
-def gather_tied_model(model: TiedBlocksMixin) -> TiedBlocksMixin:
+def gather_tied_model(model: TiedBlocksMixin, arrival_timeout: timedelta = ARRIVAL_TIMEOUT) -> TiedBlocksMixin:
     """An unsharded copy of a model sharded by `shard_tied_model`, with its map and full weights, on every process
-    (collective). Save it from one process: `gather_tied_model(model).save_pretrained(path)` writes a tied checkpoint
-    that `from_pretrained` loads as usual."""
+    (collective: under gloo, a RuntimeError names the misuse when not every process called it within
+    `arrival_timeout`). Save it from one process: `gather_tied_model(model).save_pretrained(path)` writes a tied
+    checkpoint that `from_pretrained` loads as usual."""
     sharding = _sharding_of(model, "gather_tied_model")
+    _all_arrive("gather_tied_model", arrival_timeout)
     return _unsharded_replica(model, sharding["class"], get_model_state_dict(model, options=_FULL))
 
 
@@ -123,6 +153,22 @@ def _sharding_of(model, function: str) -> dict:
     if sharding is None:
         raise ValueError(f"{function} needs a model sharded by hf_layertie.shard_tied_model, got an unsharded {type(model).__name__}")
     return sharding
+
+
+def _all_arrive(function: str, timeout: timedelta) -> None:
+    """Check that every process called `function` (collective) within `timeout` of each other: gloo's monitored
+    barrier names the ranks that did not come, where the gathers that follow would block for the process group's
+    timeout or fail with a bare connection error. Other backends have no monitored barrier: nothing is checked."""
+    if dist.get_backend() != "gloo":
+        return
+    try:
+        dist.monitored_barrier(timeout=timeout)
+    except RuntimeError as error:
+        raise RuntimeError(
+            f"{function} is collective: every process sharing the model must call it at the same step, and not every "
+            f"process did within {timeout.total_seconds():g} s ({error}). Call it on every process (save from one "
+            f"process only after it returns)"
+        ) from None
 
 
 def _agreed_map(model, optimizer, new_map, sharding: dict) -> TyingMap:

@@ -146,6 +146,40 @@ def test_misuses_of_a_sharded_model_raise_on_every_rank_and_leave_it_usable(tmp_
         assert results["map_after"] == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
+def test_a_collective_called_on_one_rank_alone_names_the_misuse(tmp_path):
+    """`gather_tied_model(model)` on rank 0 alone (to save from it) blocked, and `retie_sharded` on one rank ended
+    in a bare gloo error: both raise on that rank once the arrival timeout has passed, naming the function."""
+    rank_0, _ = run_on_two_ranks("fsdp_one_rank_run.py", tmp_path, timeout=120)
+    for function, key in (("gather_tied_model", "gather_on_rank_0"), ("retie_sharded", "retie_on_rank_0")):
+        assert rank_0[key].startswith(
+            f"RuntimeError: {function} is collective: every process sharing the model must call it at the same step, "
+            f"and not every process did within 3 s ("
+        ), rank_0[key]
+
+
+@pytest.mark.parametrize("optimizer_first", [True, False])
+def test_an_optimizer_built_before_sharding_is_warned_about_at_the_first_step(caplog, optimizer_first):
+    """Its Parameters were replaced by sharding, so it trains nothing; without a re-tie nothing said so. One process
+    of gloo, in this process (an in-memory store: no port)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        model = GPT2.tied_model([0, 0, 2, 2])
+        early = torch.optim.AdamW(model.parameters()) if optimizer_first else None
+        shard_tied_model(model, mesh=init_device_mesh("cpu", (1,)))
+        ids = torch.randint(0, 50, (2, 8))
+        with caplog.at_level("WARNING", logger="hf_layertie.sharding"):
+            model(input_ids=ids)
+            model(input_ids=ids)  # once
+        warned = [record for record in caplog.records if "still held, most likely by an optimizer built before sharding" in record.message]
+        assert len(warned) == (1 if optimizer_first else 0)
+        del early
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def test_sharding_an_unsharded_model_only(tmp_path):
     with pytest.raises(ValueError, match="retie_sharded needs a model sharded by hf_layertie.shard_tied_model"):
         retie_sharded(GPT2.tied_model([0, 0]), None, [0, 1])
