@@ -314,9 +314,9 @@ def test_every_size_the_package_suggests_builds_trains_saves_and_reloads(tmp_pat
     depth = config_class.attribute_map.get("num_hidden_layers", "num_hidden_layers")
     model = load_model(model_type, tokenizer, config_overrides=f"{small_size_overrides(config_class)},{depth}=3")
     assert model.config.num_hidden_layers == 3
-    assert model.config.hidden_size // model.config.num_attention_heads == 32
+    assert model.config.hidden_size // model.config.num_attention_heads == 24
     if hasattr(model.config, "head_dim"):
-        assert model.config.head_dim == 32
+        assert model.config.head_dim == 24
     if hasattr(model.config, "num_key_value_heads"):
         assert model.config.num_key_value_heads == 4
     batch = torch.randint(5, len(tokenizer), (2, 16), generator=torch.Generator().manual_seed(0))

@@ -203,13 +203,14 @@ def _override_names(config_overrides: str) -> list[str]:
     return [item.split("=")[0] for item in config_overrides.split(",")]
 
 
-# The size a from-scratch model is suggested, in any config's own field names (`small_size_overrides`).
-SMALL_SIZE = {"num_hidden_layers": 6, "hidden_size": 128, "num_attention_heads": 4, "intermediate_size": 512}
+# The size a from-scratch model is suggested, in any config's own field names (`small_size_overrides`): the embedded
+# default's (clm_default.json), which `run_clm.py --model_type <type>` gives a model of another type.
+SMALL_SIZE = {"num_hidden_layers": 6, "hidden_size": 96, "num_attention_heads": 4, "intermediate_size": 384}
 
 
 def small_size_overrides(config_class: type[PretrainedConfig]) -> str:
     """`SMALL_SIZE` as `--config_overrides` for `config_class`, under its own names (GPT-2's `n_layer`, ...; GPT-2
-    has no `intermediate_size`: its MLP is 4 x hidden_size, the same 512)."""
+    has no `intermediate_size`: its MLP is 4 x hidden_size, the same 384)."""
     fields = {config_class.attribute_map.get(name, name): value for name, value in SMALL_SIZE.items()}
     known = config_class.__dataclass_fields__
     return ",".join(f"{name}={value}" for name, value in fields.items() if name in known)
