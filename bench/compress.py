@@ -52,9 +52,9 @@ from transformers import HfArgumentParser
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.compress_report import write_report  # noqa: E402
-from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.compress_run import run_row  # noqa: E402
 from bench.compress_settings import PRESETS, CompressSettings, Row, plan, row_dir, seed_dir, teacher_ready  # noqa: E402
+from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.measure import task_data  # noqa: E402
 from bench.provenance import provenance  # noqa: E402
 from bench.scheduling import RESULT_FILE, Job, run_jobs, single_run_command, write_complete  # noqa: E402

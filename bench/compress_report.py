@@ -18,8 +18,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .compress_settings import PRESETS, UPTRAINING_STEPS, CompressSettings, Row, row_dir  # noqa: E402
-from .provenance import source_lines  # noqa: E402
 from .markdown_tables import MIB, estimate  # noqa: E402
+from .provenance import source_lines  # noqa: E402
 from .report import accuracy_summary, interval, paired_difference, process_peak_name, verdict_cell  # noqa: E402
 from .scheduling import write_whole  # noqa: E402
 

@@ -30,8 +30,8 @@ from bench.markdown_tables import MIB, estimate, refresh_after_report  # noqa: E
 from bench.provenance import source_lines  # noqa: E402
 from bench.report import accuracy_summary, paired_difference, verdict_cell  # noqa: E402
 from bench.scheduling import RESULT_FILE, Job, run_jobs, write_complete  # noqa: E402
-from hf_layertie import resolve_tying_map  # noqa: E402
 from bench.settings import REPO_ROOT, parse_integers  # noqa: E402
+from hf_layertie import resolve_tying_map  # noqa: E402
 
 TASK = "length=64,max_hops=4"
 STEPS = 5000

@@ -22,7 +22,13 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import EarlyStoppingCallback, PreTrainedTokenizerBase, TrainerCallback, default_data_collator, set_seed
+from transformers import (
+    EarlyStoppingCallback,
+    PreTrainedTokenizerBase,
+    TrainerCallback,
+    default_data_collator,
+    set_seed,
+)
 
 from hf_layertie.data.embedded import SHAKESPEARE_DIR
 from hf_layertie.decisions import DECISIONS

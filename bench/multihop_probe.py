@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.measure import process_peak_bytes, training_state_bytes  # noqa: E402
 from bench.provenance import provenance  # noqa: E402
 from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, resolve_tying_map  # noqa: E402
-
 from hf_layertie.language_modeling.multihop import HOP_TASKS, evaluate_multihop  # noqa: E402
 
 # The probe's split sizes unless --task sets them.

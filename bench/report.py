@@ -28,8 +28,8 @@ from .provenance import hardware, source, source_lines  # noqa: E402
 from .scheduling import write_whole  # noqa: E402
 from .settings import (  # noqa: E402
     FINAL_MAP_LABEL,
-    RECIPE_REPORT,
     RANDOM_FINAL_MAP_LABEL,
+    RECIPE_REPORT,
     REPO_ROOT,
     SIMILARITY_FINAL_MAP_LABEL,
     STATIC_LAYOUTS,
@@ -44,7 +44,6 @@ from .settings import (  # noqa: E402
     runs_after,
     untied_label,
 )
-
 
 
 def load_result(run_dir: Path) -> dict:

@@ -22,8 +22,8 @@ from transformers import HfArgumentParser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.measure import count_bigram_test_loss, missing_device, run, task_data  # noqa: E402
 from bench.markdown_tables import refresh_after_report  # noqa: E402
+from bench.measure import count_bigram_test_loss, missing_device, run, task_data  # noqa: E402
 from bench.report import LEARNING_RATES_FILE, load_result, read_learning_rates, write_learning_rates, write_report  # noqa: E402
 from bench.scheduling import RESULT_FILE, Job, run_jobs, single_run_command, write_complete  # noqa: E402
 from bench.settings import (  # noqa: E402
@@ -36,11 +36,11 @@ from bench.settings import (  # noqa: E402
     core_runs,
     freeze_recipe,
     grid_seed,
+    memory_runs,
     parse_learning_rates,
     parse_rows,
-    memory_runs,
-    resolve_settings,
     report_dir,
+    resolve_settings,
     results_dir,
     run_tiers,
     runs_after,

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
-from scipy import stats
 import torch
+from scipy import stats
 from tqdm.auto import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

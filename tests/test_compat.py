@@ -6,9 +6,8 @@ import configparser
 import os
 import subprocess
 import sys
-from pathlib import Path
-
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 import torch

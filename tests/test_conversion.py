@@ -5,8 +5,8 @@ block untied by a decision its own weights from the start of training back."""
 import pytest
 import torch
 from conftest import GPT2, LLAMA, every_kind
-from test_tied_models import assert_blocks_share_as, block_parameters, load_cleanly, logits, perturb_
 from test_run_scripts import clm_run, text_files, tiny_flags  # noqa: F401 (fixtures)
+from test_tied_models import assert_blocks_share_as, block_parameters, load_cleanly, logits, perturb_
 from test_tying_trainer import OptimizerMatchesModel, make_trainer, tiny_model, tying_args
 from transformers import AutoModelForCausalLM, AutoTokenizer, OPTConfig, OPTForCausalLM
 

@@ -6,7 +6,14 @@ import datasets
 import pytest
 import torch
 from test_tied_models import perturb_
-from test_tying_trainer import OptimizerMatchesModel, make_trainer, tiny_model, token_dataset, torch_optimizer, tying_args
+from test_tying_trainer import (
+    OptimizerMatchesModel,
+    make_trainer,
+    tiny_model,
+    token_dataset,
+    torch_optimizer,
+    tying_args,
+)
 
 from hf_layertie import TyingTrainer
 from hf_layertie.block_similarity import block_angular_distances

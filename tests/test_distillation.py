@@ -21,10 +21,10 @@ from transformers import AutoTokenizer, HfArgumentParser
 from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
 from hf_layertie.data import embedded_tokenizer_dir
 from hf_layertie.language_modeling import CAUSAL_LM, run
+from hf_layertie.toolkit import load_model, load_tokenizer
 from hf_layertie.trainer import TYING_STATE_NAME
 from hf_layertie.trainer.checkpoint_format import read_tying_state
 from hf_layertie.trainer.distillation import distillation_loss
-from hf_layertie.toolkit import load_model, load_tokenizer
 from hf_layertie.trainer.training_args import DISTILLATION_SETTINGS
 
 CAUSAL_KINDS = pytest.mark.parametrize("kind", [GPT2, LLAMA, QWEN2, MISTRAL], ids=lambda kind: kind.name)

@@ -2,8 +2,8 @@
 optional extras: `all_results.json`, the saved model and its tokenizer."""
 
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys

@@ -4,7 +4,12 @@ run_clm.py trains and scores it by hop count."""
 import pytest
 from huggingface_hub import ModelCard
 
-from hf_layertie.data.hop_induction import NO_ANSWER, HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer
+from hf_layertie.data.hop_induction import (
+    NO_ANSWER,
+    HopInductionConfig,
+    hop_induction_datasets,
+    hop_induction_tokenizer,
+)
 from hf_layertie.data.multihop import IGNORE_INDEX
 from hf_layertie.language_modeling import CAUSAL_LM, MASKED_LM, run
 

@@ -5,7 +5,13 @@ import random
 
 import pytest
 
-from hf_layertie.data.multihop import IGNORE_INDEX, MultiHopConfig, multihop_datasets, multihop_example, multihop_tokenizer
+from hf_layertie.data.multihop import (
+    IGNORE_INDEX,
+    MultiHopConfig,
+    multihop_datasets,
+    multihop_example,
+    multihop_tokenizer,
+)
 from hf_layertie.language_modeling import CAUSAL_LM, MASKED_LM, run
 from hf_layertie.metrics import load_metric
 

@@ -57,12 +57,11 @@ def test_two_records_of_one_row_and_seed_in_a_folder_are_refused_naming_both(tmp
 
 
 def test_recipe_folders_that_differ_beside_the_recipe_or_repeat_one_are_refused(tmp_path):
+    import dataclasses
+
     import pytest
 
     from bench.recipe_report import check_recipes_alone_differ
-
-    import dataclasses
-
     from bench.settings import PRESETS
 
     def claimed(name: str, **recipe) -> Path:

@@ -21,7 +21,12 @@ from hf_layertie.decisions import Decision, Observation, SimilarityDecisions
 from hf_layertie.dlt import PaperAgent
 from hf_layertie.models import TyingMap
 from hf_layertie.trainer import TYING_HISTORY_NAME, TYING_PLOT_NAME, TYING_STATE_NAME
-from hf_layertie.trainer.checkpoint_format import finished_training_step, last_complete_checkpoint, read_tying_state, write_tying_state
+from hf_layertie.trainer.checkpoint_format import (
+    finished_training_step,
+    last_complete_checkpoint,
+    read_tying_state,
+    write_tying_state,
+)
 
 
 def tiny_model(num_blocks=4, seed=0):

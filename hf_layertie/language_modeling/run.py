@@ -25,11 +25,10 @@ from transformers import (
 )
 
 from ..checks import perplexity
-from ..trainer import TyingTrainer, TyingTrainingArguments, check_resumes_saved_settings
-from ..trainer.checkpoint_format import read_json, read_tying_state
 from ..toolkit import (
     ModelArguments,
     bigram_loss,
+    check_training_sources,
     finished_training_step,
     fit_tokenizer_to_model,
     has_own_validation_split,
@@ -41,7 +40,6 @@ from ..toolkit import (
     parse_command_line,
     process_group_ended,
     read_stream,
-    check_training_sources,
     refuse_training_settings_without_training,
     resolve_block_size,
     set_up_logging,
@@ -54,8 +52,18 @@ from ..toolkit import (
     training_resume_point,
     unigram_loss,
 )
+from ..trainer import TyingTrainer, TyingTrainingArguments, check_resumes_saved_settings
+from ..trainer.checkpoint_format import read_json, read_tying_state
 from .arguments import DataTrainingArguments
-from .multihop import HOP_TASKS, evaluate_multihop, hop_task_label, hop_task_tokenizer, load_hop_task, multihop_metrics, print_multihop_report
+from .multihop import (
+    HOP_TASKS,
+    evaluate_multihop,
+    hop_task_label,
+    hop_task_tokenizer,
+    load_hop_task,
+    multihop_metrics,
+    print_multihop_report,
+)
 
 logger = logging.getLogger(__name__)
 

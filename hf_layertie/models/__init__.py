@@ -8,13 +8,13 @@ from .configuration_tied_gpt2 import TiedGPT2Config  # noqa: F401 (exported by T
 from .configuration_tied_llama import TiedLlamaConfig  # noqa: F401 (exported by TIED_CLASS_NAMES)
 from .configuration_tied_mistral import TiedMistralConfig  # noqa: F401 (exported by TIED_CLASS_NAMES)
 from .configuration_tied_qwen2 import TiedQwen2Config  # noqa: F401 (exported by TIED_CLASS_NAMES)
+from .configuration_tying import TyingConfigMixin
 from .modeling_tied_bert import TiedBertForMaskedLM
 from .modeling_tied_gpt2 import TiedGPT2LMHeadModel
 from .modeling_tied_llama import TiedLlamaForCausalLM
 from .modeling_tied_mistral import TiedMistralForCausalLM
 from .modeling_tied_qwen2 import TiedQwen2ForCausalLM
 from .tied_blocks import ParameterCounts, RetieReport, TiedBlocksMixin
-from .configuration_tying import TyingConfigMixin
 from .tying_map import TyingMap
 from .tying_strategies import STRATEGY_NAMES, check_static_spec, check_strategy_spec, parse_strategy, resolve_tying_map
 

@@ -40,7 +40,6 @@ from .configuration_tying import check_tie_init
 from .lean_construction import distinct_blocks_only
 from .tying_map import TyingMap
 
-
 # `from_pretrained`'s arguments that say where and how to read a checkpoint's files, as transformers lists them.
 _DOWNLOAD_KWARGS = tuple(DownloadKwargs.__annotations__)
 

@@ -2,6 +2,7 @@
 tokenizers and models, resuming, logging, ending the process group, the reward batch and count baselines. Every
 function takes plain values."""
 
+from ..trainer.checkpoint_format import finished_training_step
 from .arguments import (
     ModelArguments,
     changed_from_default,
@@ -12,7 +13,6 @@ from .arguments import (
 from .baselines import bigram_loss, unigram_loss
 from .checkpoints import (
     checkpoint_to_resume,
-    finished_training_step,
     last_complete_checkpoint,
     missing_checkpoint_files,
     refuse_training_over,
@@ -31,7 +31,14 @@ from .data import (
     tokenize_and_group,
 )
 from .logs import set_up_logging
-from .models import SHIPPED_TOKENIZERS, check_tied_model_type, load_model, load_tokenizer, tied_model_type, tied_model_types
+from .models import (
+    SHIPPED_TOKENIZERS,
+    check_tied_model_type,
+    load_model,
+    load_tokenizer,
+    tied_model_type,
+    tied_model_types,
+)
 from .processes import process_group_ended, this_process_share
 
 __all__ = [

@@ -10,7 +10,6 @@ from ..trainer.checkpoint_format import (
     TYING_STATE_NAME,
     check_checkpoint_readable,
     checkpoint_step,
-    finished_training_step,
     last_complete_checkpoint,
     missing_checkpoint_files,
 )

@@ -23,10 +23,10 @@ optimizer, the DDP wrapper or a checkpoint, and a resumed run loads it again.
 from __future__ import annotations
 
 import dataclasses
-import logging
-import math
 import functools
 import inspect
+import logging
+import math
 import os
 import time
 from contextlib import contextmanager

@@ -18,8 +18,13 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import torch  # noqa: E402
 
-from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, TiedLlamaConfig, TiedLlamaForCausalLM  # noqa: E402
-from hf_layertie import parse_strategy  # noqa: E402
+from hf_layertie import (  # noqa: E402
+    TiedGPT2Config,
+    TiedGPT2LMHeadModel,
+    TiedLlamaConfig,
+    TiedLlamaForCausalLM,
+    parse_strategy,  # noqa: E402
+)
 
 torch.set_num_threads(1)
 NUM_BLOCKS, NUM_DISTINCT, WIDTH = 48, 8, 512

@@ -8,10 +8,9 @@ Launched by tests/test_distributed.py:
 import sys
 
 import torch
+from launched import random_tying_trainer, run_then_exit
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from transformers import TrainerCallback
-
-from launched import random_tying_trainer, run_then_exit
 
 
 class CountingState:

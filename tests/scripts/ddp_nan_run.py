@@ -9,9 +9,9 @@ import sys
 
 import datasets
 import torch
+from launched import run_then_exit
 
 from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
-from launched import run_then_exit
 
 
 def main():

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from launched import run_then_exit
 from torch.distributed.device_mesh import init_device_mesh
 
 from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel
 from hf_layertie.sharding import retie_sharded, shard_tied_model
-from launched import run_then_exit
 
 CONFIG = dict(n_layer=4, n_embd=16, n_head=2, n_positions=32, vocab_size=50, tying_map=[0, 0, 0, 0])
 
