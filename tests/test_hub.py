@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EVERY_KIND, make_tiny_gpt2_config
+from conftest import EVERY_KIND, LLAMA, make_tiny_gpt2_config
 from hub_server import HubServer, hub_server  # noqa: F401  (the fixture)
 from safetensors.torch import load_file, save_file
 
@@ -234,7 +234,10 @@ def test_push_to_hub_then_load_by_repo_id_without_the_package(hub_server: HubSer
 
 @pytest.mark.slow
 def test_a_hand_made_cache_loads_by_repo_id_offline_with_and_without_the_package(tmp_path):
+    """Every tied class, one of them saved with a skipped position (`config.skipped_positions`, which the remote
+    code must honour as the package does)."""
     models = {f"org/tied-{kind.name}": (kind.tied_model([0, 1, 1, 0]), kind.auto_class.__name__) for kind in EVERY_KIND}
+    models["org/tied-llama-skipping"] = (LLAMA.tied_model([0, 1, 1, 0], skipped_positions=[2]), LLAMA.auto_class.__name__)
     cache = tmp_path / "hub-cache"
     for index, (repo_id, (model, _)) in enumerate(models.items()):
         checkpoint = tmp_path / repo_id

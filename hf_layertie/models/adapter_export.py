@@ -201,7 +201,8 @@ class AdapterExportMixin:
 
         Its `save_pretrained` writes a checkpoint that stock transformers, and tools built on it (vLLM,
         llama.cpp's converter), load without hf-layertie or remote code, with the same logits. PEFT adapters
-        (relaxed ties) are merged into each position's own copy of its weights; this model keeps them.
+        (relaxed ties) are merged into each position's own copy of its weights; this model keeps them. Positions
+        the config skips (`skipped_positions`) are left out: the export is the shorter model this one computes as.
         """
         adapted = any(is_adapter_layer(module) for module in self.modules())
         state_dict = self._merged_state_dict() if adapted else self.state_dict()
@@ -209,6 +210,13 @@ class AdapterExportMixin:
         config_dict = {
             key: value for key, value in self.config.to_dict().items() if key not in TYING_FIELDS + _TIED_CLASS_KEYS
         }
+        source = self._position_in_this_model
+        exported_names = {name: self._position_in_export(name) for name in state_dict}
+        state_dict = {exported: state_dict[name] for name, exported in exported_names.items() if exported is not None}
+        active = self.active_positions()
+        config_dict[self.config.attribute_map.get("num_hidden_layers", "num_hidden_layers")] = len(active)
+        if isinstance(config_dict.get("layer_types"), list):  # Qwen2's and Mistral's per-layer attention
+            config_dict["layer_types"] = [config_dict["layer_types"][position] for position in active]
         plain_config = plain_class.config_class.from_dict(config_dict)
         # Not in `to_dict()`: the attention this model computes with (eager returns attention weights; the default,
         # sdpa, does not).
@@ -225,8 +233,8 @@ class AdapterExportMixin:
         if not adapted:
             own_parameters = dict(self.named_parameters(remove_duplicate=False))
             for name, parameter in plain.named_parameters(remove_duplicate=False):
-                if name in own_parameters:
-                    parameter.requires_grad_(own_parameters[name].requires_grad)
+                if source(name) in own_parameters:
+                    parameter.requires_grad_(own_parameters[source(name)].requires_grad)
         # Buffers: copies of this model's, in its dtypes (rotary `inv_freq` stays float32 in a half-precision model);
         # the non-persistent ones are in no state dict and would stay on the meta device.
         own_buffers = dict(self.named_buffers(remove_duplicate=False))
@@ -234,10 +242,28 @@ class AdapterExportMixin:
             module_name, _, buffer_name = name.rpartition(".")
             module = plain.get_submodule(module_name)
             persistent = is_persistent_buffer(module, buffer_name)
-            module.register_buffer(buffer_name, own_buffers[name].clone(), persistent=persistent)
+            module.register_buffer(buffer_name, own_buffers[source(name)].clone(), persistent=persistent)
         if self.can_generate():
             plain.generation_config = copy.deepcopy(self.generation_config)
         return plain.train(self.training)
+
+    def _position_in_export(self, name: str) -> str | None:
+        """The name in `to_untied()`'s model of this model's `name`: a block of an active position is renumbered
+        among the active ones (`config.skipped_positions`), a skipped one's has none (None); others keep theirs."""
+        prefix = f"{self.tied_blocks_path}."
+        if not name.startswith(prefix):
+            return name
+        position, _, rest = name[len(prefix) :].partition(".")
+        active = self.active_positions()
+        return f"{prefix}{active.index(int(position))}.{rest}" if int(position) in active else None
+
+    def _position_in_this_model(self, name: str) -> str:
+        """The inverse of `_position_in_export`: this model's name of the export's `name`."""
+        prefix = f"{self.tied_blocks_path}."
+        if not name.startswith(prefix):
+            return name
+        position, _, rest = name[len(prefix) :].partition(".")
+        return f"{prefix}{self.active_positions()[int(position)]}.{rest}"
 
     def _merged_state_dict(self) -> dict[str, torch.Tensor]:
         """The plain state dict of this model with the adapters it computes with merged: each position's into its

@@ -22,12 +22,30 @@ logger = logging.get_logger(__name__)
 
 TIE_INITS = ("root", "mean")
 # Fields a tied config adds to its transformers config; `to_untied()` leaves them out.
-TYING_FIELDS = ("tying_map", "tie_init")
+TYING_FIELDS = ("tying_map", "tie_init", "skipped_positions")
 
 
 def check_tie_init(value) -> None:
     if value not in TIE_INITS:
         raise ValueError(f"tie_init must be one of {TIE_INITS}, got {value!r}")
+
+
+def check_skipped_positions(value, num_blocks: int | None = None, name: str = "skipped_positions") -> list[int] | None:
+    """`value` as a config holds it: the distinct positions, sorted, or None for none. Refuses, naming `name` and
+    the entry, anything but block positions (`0 <= p < num_blocks` when the depth is known) that leave one active."""
+    if value is None:
+        return None
+    entries = list(value)
+    for index, position in enumerate(entries):
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise ValueError(f"{name}[{index}] must be a block position (an integer >= 0), got {position!r}")
+        if num_blocks is not None and position >= num_blocks:
+            raise ValueError(f"{name}[{index}] = {position} is not a position of this {num_blocks}-block model (0 to {num_blocks - 1})")
+    if len(set(entries)) != len(entries):
+        raise ValueError(f"{name} names a position twice: {entries}")
+    if num_blocks is not None and len(entries) >= num_blocks:
+        raise ValueError(f"{name} {entries} skips every one of the {num_blocks} positions: at least one must compute")
+    return sorted(entries) or None
 
 
 @dataclasses.dataclass(init=False, repr=False, eq=False)
@@ -42,6 +60,14 @@ class TyingConfigMixin:
         index, the value and the rule broken. Once a model is built on the config, assigning the map raises:
         it must change together with the model's Parameters, through `model.retie(...)`, which also tells an
         optimizer or DDP wrapper what changed.
+    skipped_positions (`list[int]`, *optional*):
+        Block positions the model does not compute: each is the identity (its hidden states pass through unchanged,
+        no block call, no KV-cache entry), so the model computes as the shorter model holding only the other
+        positions, in order, would. Depth chosen per run: set it in the config (saved and reloaded, remote code
+        too), or per call with `model(..., skipped_positions=[...])` / `generate(..., skipped_positions=[...])`
+        (`[]` computes every position). For a looped map (`cycle:U` over L = nU blocks) skipping the last kU
+        positions runs n - k loops. The map and the weights are untouched; `to_untied()` exports the positions
+        computed. `None` (the default) computes every position.
     tie_init (`str`, *optional*, defaults to `"root"`):
         The weights a tie group starts from when `from_pretrained(path, tying_map=...)` (or a `config=` with
         another map) groups a checkpoint's blocks differently from how they were saved (a plain checkpoint
@@ -64,12 +90,14 @@ class TyingConfigMixin:
     # Dataclass fields, so that every tied config (a dataclass, as transformers' configs are) inherits them.
     tying_map: list | None = None
     tie_init: str = "root"
+    skipped_positions: list | None = None
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         if self.tying_map is not None:
             self.tying_map = TyingMap(self.tying_map, num_blocks=self.num_hidden_layers).to_list()
         check_tie_init(self.tie_init)
+        self.skipped_positions = check_skipped_positions(self.skipped_positions, self.num_hidden_layers)
 
     def __setattr__(self, key, value):
         # Maps set on a built config (`from_pretrained(path, tying_map=...)` assigns its kwargs that way) are
@@ -80,6 +108,8 @@ class TyingConfigMixin:
                 value = TyingMap(value).to_list()
         elif key == "tie_init":
             check_tie_init(value)
+        elif key == "skipped_positions":
+            value = check_skipped_positions(value, getattr(self, "num_hidden_layers", None))
         super().__setattr__(key, value)
 
     def update_from_string(self, update_str: str):

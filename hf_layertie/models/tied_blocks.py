@@ -21,8 +21,10 @@ Like `tying_map.py`, this file only uses relative imports: it is copied next to 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
+import inspect
 import os
 import re
 import warnings
@@ -36,12 +38,34 @@ from transformers.utils.hub import DownloadKwargs
 
 from ._compat import children, declare_tied_weights, declared_tied_weights, is_fsdp_sharded, own_parameters
 from .adapter_export import AdapterExportMixin, is_adapter_layer
-from .configuration_tying import check_tie_init
+from .configuration_tying import check_skipped_positions, check_tie_init
 from .lean_construction import distinct_blocks_only
 from .tying_map import TyingMap
 
 # `from_pretrained`'s arguments that say where and how to read a checkpoint's files, as transformers lists them.
 _DOWNLOAD_KWARGS = tuple(DownloadKwargs.__annotations__)
+
+
+def _forward_skipping_positions(base_forward):
+    """A tied class's `forward`: `base_forward` (its transformers class's), computing the active positions alone
+    (`TiedBlocksMixin.active_positions`, `computing_only`). Its signature is the base's plus `skipped_positions`:
+    `generate` passes a keyword on to `forward` only when the signature names it."""
+
+    def forward(self, *args, skipped_positions: Sequence[int] | None = None, **kwargs):
+        with self.computing_only(self.active_positions(skipped_positions)):
+            return base_forward(self, *args, **kwargs)
+
+    signature = inspect.signature(base_forward)
+    parameters = list(signature.parameters.values())
+    at = next((index for index, parameter in enumerate(parameters) if parameter.kind is parameter.VAR_KEYWORD), len(parameters))
+    skipped = inspect.Parameter("skipped_positions", inspect.Parameter.KEYWORD_ONLY, default=None)
+    forward.__signature__ = signature.replace(parameters=[*parameters[:at], skipped, *parameters[at:]])
+    forward.__doc__ = (
+        f"{base_forward.__doc__ or ''}\n\nskipped_positions (`list[int]`, *optional*): block positions this call "
+        "leaves out (the identity), as `config.skipped_positions` does; None takes the config's, [] computes all."
+    )
+    forward.__name__ = forward.__qualname__ = "forward"
+    return forward
 
 
 def _refuse_adapters_without_peft(folder) -> None:
@@ -181,6 +205,11 @@ class TiedBlocksMixin(AdapterExportMixin):
     # as when every block is (see `lean_construction.py`). False builds every block, then ties them.
     lean_construction: bool = True
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "tied_blocks_path" in cls.__dict__:  # a tied model class (not a wrapper's subclass, such as FSDP's)
+            cls.forward = _forward_skipping_positions(super(TiedBlocksMixin, cls).forward)
+
     def __init__(self, config, *inputs, **kwargs):
         # By what it has, not its class: remote code may load the config class from another copy of this package.
         if not hasattr(config, "_live_bound_model"):
@@ -269,6 +298,36 @@ class TiedBlocksMixin(AdapterExportMixin):
     @property
     def tied_blocks(self) -> nn.ModuleList:
         return self.get_submodule(self.tied_blocks_path)
+
+    def active_positions(self, skipped_positions: Sequence[int] | None = None) -> list[int]:
+        """The block positions a forward pass computes: all but `skipped_positions` (None: the config's)."""
+        skipped = self.config.skipped_positions if skipped_positions is None else skipped_positions
+        skipped = check_skipped_positions(skipped, len(self.tied_blocks)) or []
+        return [position for position in range(len(self.tied_blocks)) if position not in skipped]
+
+    @contextlib.contextmanager
+    def computing_only(self, positions: list[int]):
+        """Inside, the model computes `positions` alone, as the shorter model holding only their blocks would: its
+        block list holds those blocks (the same modules), and their layers' `layer_idx` (which indexes the KV cache
+        and the per-layer caches transformers builds) count 0, 1, ... among them. Both are put back on leaving."""
+        if len(positions) == len(self.tied_blocks):
+            yield
+            return
+        parent_path, _, name = self.tied_blocks_path.rpartition(".")
+        parent, blocks = self.get_submodule(parent_path), self.tied_blocks
+        indexed = [[module for module in blocks[position].modules() if hasattr(module, "layer_idx")] for position in positions]
+        saved = [[module.layer_idx for module in modules] for modules in indexed]
+        setattr(parent, name, nn.ModuleList([blocks[position] for position in positions]))
+        for index, modules in enumerate(indexed):
+            for module in modules:
+                module.layer_idx = index
+        try:
+            yield
+        finally:
+            setattr(parent, name, blocks)
+            for modules, indices in zip(indexed, saved):
+                for module, index in zip(modules, indices):
+                    module.layer_idx = index
 
     @property
     def tying_map(self) -> TyingMap:
