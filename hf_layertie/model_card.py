@@ -148,6 +148,7 @@ def build_model_card(
         num_blocks=len(tying_map),
         num_distinct=tying_map.num_distinct,
         tying_map=tying_map.render(),
+        skipped_positions=model.config.skipped_positions,
         tying_groups=list(tying_map.groups().items()),
         parameters=model.parameter_counts(),
         untied_parameters=model.untied_parameter_count(),

@@ -49,6 +49,15 @@ def test_card_states_the_map_distinct_blocks_and_parameter_counts_of_the_model(k
     assert f"| Same architecture without tying | {untied.parameter_counts().total:,} |" in card.text
 
 
+@pytest.mark.parametrize("skipped", [None, [2, 3]])
+def test_the_card_says_which_positions_the_model_skips(skipped, tmp_path):
+    model = make_model("llama", [0, 1, 1, 1])
+    model.config.skipped_positions = skipped
+    card = ModelCard.load(write_model_card(model, tmp_path, model_name="org/tiny")).text
+    said = "Positions 2, 3 are skipped (`config.skipped_positions`):\nthe model computes the other 2 positions"
+    assert (said in card) == (skipped is not None), card
+
+
 def test_metadata_has_base_model_datasets_and_eval_results_in_the_model_index(tmp_path):
     eval_results = {"eval_loss": 3.25, "perplexity": 25.79, "eval_runtime": 1.5, "eval_samples_per_second": 80.0}
     path = write_model_card(
