@@ -22,6 +22,7 @@ from transformers import TrainingArguments
 
 from ..decisions import DECISIONS, TyingDecisions, split_strategy
 from ..dlt.agent_config import AgentSettings
+from .loop_schedule import check_loop_settings
 
 # Knowledge distillation: read by `TyingTrainer` under every strategy (`hf_layertie.trainer.distillation`).
 DISTILLATION_SETTINGS = ("distill_from", "distillation_temperature", "distillation_alpha")
@@ -29,6 +30,9 @@ DISTILLATION_SETTINGS = ("distill_from", "distillation_temperature", "distillati
 # `--temperature 2.0 --alpha_ce 5.0 --alpha_mlm 2.0`): T = 2 and the KL's weight 5.0 over the KL's and the language
 # modeling loss's together, 5.0 + 2.0 (its cosine term on hidden states has no counterpart here).
 DISTILLATION_DEFAULTS = {"distillation_temperature": 2.0, "distillation_alpha": 5.0 / 7.0}
+# The depth schedule of looped models (`hf_layertie.trainer.loop_schedule`): read by `TyingTrainer` under every
+# strategy, as the distillation settings are.
+LOOP_SETTINGS = ("loop_onset", "loop_schedule")
 
 
 def _setting(help_text: str) -> dataclasses.Field:
@@ -155,6 +159,15 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         masked language modeling loss's 2.0 (5/7 of the two); Minitron (Sreenivas et al., 2024) retrains pruned
         models on the KL alone (alpha 1, T 1).
 
+    loop_onset (`float` in (0, 1), every strategy):
+        Looped models' late onset: until this fraction of `max_steps`, the repeated positions (those whose block's
+        weights an earlier position used already: positions 2 and 3 of `0 1 1 1`) are skipped
+        (`config.skipped_positions`, the identity), then every position computes (`hf_layertie.trainer.loop_schedule`;
+        parameter-golf's looped records switch their loops on at about 35% of the steps). Unset: every position
+        computes from the start.
+    loop_schedule (`str`, with `loop_onset`, defaults to `"onset"`):
+        `"onset"`: every repeated position switches on at the onset; `"progressive"`: one pass first, then a pass
+        more at each of equal stages before the onset (one pass, then two, ...).
     A run resumed from a checkpoint must repeat the settings of the run that saved it (`resume_settings()`);
     `TyingTrainer` refuses it otherwise, naming each setting that differs.
     """
@@ -204,11 +217,26 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         },
     )
 
+    loop_onset: float | None = field(
+        default=None,
+        metadata={
+            "help": "looped models: skip the repeated positions (a block's second and later uses) until this fraction "
+            "of max_steps, then compute them (parameter-golf's late onset, about 0.35). Unset: all from the start."
+        },
+    )
+    loop_schedule: str | None = field(
+        default=None,
+        metadata={"help": "with loop_onset: 'onset' (the default: all loops at once) or 'progressive' (one pass, then two, ...)."},
+    )
+
     def __post_init__(self):
         super().__post_init__()
         self._given_for_training = self._settings_set_here()
         self._resolve_tying_settings()
         self._resolve_distillation_settings()
+        if self.loop_onset is not None and self.loop_schedule is None:
+            self.loop_schedule = "onset"
+        check_loop_settings(self.loop_onset, self.loop_schedule)
 
     @classmethod
     def tying_fields(cls) -> list[str]:
@@ -220,7 +248,9 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
     def strategy_settings(cls) -> list[str]:
         """The tying settings some strategy reads (every tying field but `tying_strategy`, `tying_plot` and the
         distillation settings, which the trainer reads under every strategy)."""
-        return [name for name in cls.tying_fields() if name not in ("tying_strategy", "tying_plot", *DISTILLATION_SETTINGS)]
+        return [
+            name for name in cls.tying_fields() if name not in ("tying_strategy", "tying_plot", *DISTILLATION_SETTINGS, *LOOP_SETTINGS)
+        ]
 
     @classmethod
     def settings_unread_by(cls, tying_strategy: str) -> list[str]:
@@ -245,7 +275,7 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         """The settings a run resumed from a checkpoint must share with the run that saved it, by name: the strategy
         and every setting it reads. A resumed run continues the saved map and agent, so another strategy, schedule,
         cap, agent or reward would silently not be the one that ran (and the model card reports them)."""
-        names = ["tying_strategy", *self.decisions_class.settings]
+        names = ["tying_strategy", *self.decisions_class.settings, *LOOP_SETTINGS]
         return {**{name: getattr(self, name) for name in names}, **self.distillation_settings()}
 
     def distillation_settings(self) -> dict[str, object]:
@@ -267,12 +297,13 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         default_strategy = type(self).__dataclass_fields__["tying_strategy"].default
         # `none` is what evaluation runs with anyway (`without_tying`).
         changed = ["tying_strategy"] if self.tying_strategy not in (default_strategy, "none") else []
-        return changed + [name for name in (*self.strategy_settings(), *DISTILLATION_SETTINGS) if getattr(self, name) is not None]
+        given = (*self.strategy_settings(), *DISTILLATION_SETTINGS, *LOOP_SETTINGS)
+        return changed + [name for name in given if getattr(self, name) is not None]
 
     def without_tying(self) -> TyingTrainingArguments:
         """These arguments with `tying_strategy="none"` and every strategy and distillation setting unset
         (evaluation only: nothing trains, so no teacher is loaded)."""
-        unset = dict.fromkeys([*self.strategy_settings(), *DISTILLATION_SETTINGS])
+        unset = dict.fromkeys([*self.strategy_settings(), *DISTILLATION_SETTINGS, *LOOP_SETTINGS])
         return dataclasses.replace(self, tying_strategy="none", **unset)
 
     def _resolve_tying_settings(self) -> None:

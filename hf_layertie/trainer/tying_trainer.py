@@ -72,9 +72,10 @@ from .checkpoint_format import (
 )
 from .compilation import compile_regionally
 from .distillation import Distillation
+from .loop_schedule import skipped_positions_at
 from .non_finite_loss import NonFiniteLossGuard
 from .optimizer_sync import add_to_optimizer, rebuild_data_parallel, sync_optimizer_with_model
-from .training_args import DISTILLATION_SETTINGS, TyingTrainingArguments
+from .training_args import DISTILLATION_SETTINGS, LOOP_SETTINGS, TyingTrainingArguments
 from .training_totals import TrainingTotals
 from .tying_history import TyingHistory
 from .tying_plot import plot_tying_history, require_matplotlib
@@ -175,6 +176,7 @@ class TyingTrainer(Trainer):
         self.distillation = self._start_distillation()
         start = self.decisions.start(self._observation())
         _refuse_moving_relaxed_ties(self.model, args.tying_strategy, decisions_class.changes_map, start)
+        _refuse_loop_onset_without_loops(self.model, args.loop_onset)
         if start is not None:
             self._take(start)
 
@@ -280,12 +282,22 @@ class TyingTrainer(Trainer):
                 decision = self._broadcast(decision)
             if decision is not None:
                 self._take(decision)
+        if self.args.loop_onset is not None:
+            self._schedule_loops()
         # After a re-tie the DDP wrapper was rebuilt in place; `model_wrapped` is always the live one.
         loss = super().training_step(self.model_wrapped, inputs, num_items_in_batch)
         self._sitting_loss += loss  # on the device, as the Trainer sums it: no synchronisation per step
         self.decisions.observe_loss(loss)
         self._non_finite_loss.check(loss, self.accelerator, self.state.global_step, self.args.output_dir, self.args.learning_rate)
         return loss
+
+    def _schedule_loops(self) -> None:
+        """This step's depth (`loop_onset`, `loop_schedule`): the positions it skips, set in the model's config, which
+        its forward passes, evaluations and saves read. A function of the step and the map alone, so a resumed run
+        computes what the uninterrupted one does; from the onset on, every position computes."""
+        self.model.config.skipped_positions = skipped_positions_at(
+            self.state.global_step, self.state.max_steps, self.model.tying_map, self.args.loop_onset, self.args.loop_schedule
+        )
 
     def _get_grad_norm(self, model, grad_norm=None):
         """The Trainer's gradient norm, measured before `optimizer.step()`: a non-finite one stops training there
@@ -594,6 +606,7 @@ class TyingTrainer(Trainer):
             "settings": {
                 **{name: getattr(self.args, name) for name in self.args.strategy_settings()},
                 **self.args.distillation_settings(),
+                **{name: getattr(self.args, name) for name in LOOP_SETTINGS},
             },
             "decisions": {**self.history.state_dict(), **self.decisions.state_dict(self._observation())},
             "starting_model": starting_model(self.model),
@@ -786,7 +799,7 @@ def check_resumes_saved_settings(args: TyingTrainingArguments, checkpoint: str, 
             f"resume from an earlier, complete checkpoint"
         )
     # A setting the checkpoint lacks did not exist when it was saved: that run had its default (no distillation).
-    defaults = {**args.decisions_class.settings, **dict.fromkeys(DISTILLATION_SETTINGS)}
+    defaults = {**args.decisions_class.settings, **dict.fromkeys(DISTILLATION_SETTINGS), **dict.fromkeys(LOOP_SETTINGS)}
     saved = {"tying_strategy": state["tying_strategy"], **defaults, **state["settings"]}
     # Under another strategy the other settings are moot: name the strategy alone.
     names = ["tying_strategy"] if saved["tying_strategy"] != wanted["tying_strategy"] else list(wanted)
@@ -852,6 +865,21 @@ _ENGINES_THAT_CANNOT_FOLLOW_RETIES = {
         "its engine cannot follow re-ties, and its resume skips the tying state",
     ),
 }
+
+
+def _refuse_loop_onset_without_loops(model, loop_onset: float | None) -> None:
+    """`loop_onset` sets the model's `config.skipped_positions` at every step: it needs a tied model, and one whose
+    config skips no position of its own (the schedule would replace the user's choice)."""
+    if loop_onset is None:
+        return
+    if not isinstance(model, TiedBlocksMixin):
+        raise ValueError(f"loop_onset={loop_onset} schedules the positions of a tied model; got a {type(model).__name__}")
+    if model.config.skipped_positions is not None:
+        raise ValueError(
+            f"loop_onset={loop_onset} chooses the positions each step skips, and the model's config skips "
+            f"{model.config.skipped_positions} already: set model.config.skipped_positions = None first, or leave "
+            f"loop_onset unset"
+        )
 
 
 def _refuse_moving_relaxed_ties(model, strategy: str, changes_map: bool, start: Decision | None) -> None:
