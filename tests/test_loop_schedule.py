@@ -8,13 +8,13 @@ from test_tying_trainer import make_trainer, tiny_model
 
 from hf_layertie import TyingTrainingArguments
 from hf_layertie.models import TyingMap
-from hf_layertie.trainer.loop_schedule import occurrence_indices, skipped_positions_at
+from hf_layertie.trainer.loop_schedule import skipped_positions_at
 
 
 def test_occurrences_and_the_positions_each_schedule_skips():
     looped = TyingMap([0, 1, 0, 1, 0, 1])  # cycle:2 over 6 positions: three passes
-    assert occurrence_indices(looped) == [0, 0, 1, 1, 2, 2]
-    assert occurrence_indices(TyingMap([0, 1, 1, 1])) == [0, 0, 1, 2]
+    assert looped.occurrences() == [0, 0, 1, 1, 2, 2]
+    assert TyingMap([0, 1, 1, 1]).occurrences() == [0, 0, 1, 2]
     # onset at 0.5 of 12 steps: steps 0-5 skip every repeated position, from step 6 none.
     assert [skipped_positions_at(step, 12, looped, 0.5, "onset") for step in (0, 5, 6, 11)] == [[2, 3, 4, 5], [2, 3, 4, 5], None, None]
     # progressive: one pass in steps 0-1, two in 2-3, three in 4-5, then all (the same).

@@ -345,3 +345,19 @@ def test_relaxing_a_model_that_carries_adapters_already_is_refused():
     model, _, before = converted(GPT2, lora_rank=2)
     with pytest.raises(ValueError, match="carries PEFT adapters already"):
         relax_ties(model, 2, "svd", before)
+
+
+def test_per_position_adapters_train_from_scratch_with_a_zero_start(tmp_path):
+    """The loop recipe's per-loop adapters: a looped map from scratch with `lora_rank 1`, `lora_init zero`; the
+    model starts as the plain looped one (zero updates) and each position's adapter then learns on its own."""
+    looped = tiny_model(seed=2)
+    plain = tiny_model(seed=2)
+    plain.retie([0, 1, 0, 1])
+    trainer = make_trainer(tmp_path, model=looped, tying_strategy="static:cycle:2", lora_rank=1, lora_init="zero", max_steps=3)
+    batch = torch.randint(0, 100, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(trainer.model.eval()(input_ids=batch).logits, plain.eval()(input_ids=batch).logits, rtol=0, atol=0)
+    trainer.train()
+    adapters = [block.attn.c_attn.lora_B["default"].weight for block in trainer.model.transformer.h]
+    assert all(adapter.abs().sum() > 0 for adapter in adapters)
+    assert len({adapter.data_ptr() for adapter in adapters}) == 4 and not torch.equal(adapters[0], adapters[2])

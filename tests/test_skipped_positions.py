@@ -91,3 +91,50 @@ def test_a_looped_model_runs_fewer_loops_by_skipping_its_last_ones():
     two_loops.load_state_dict({name: tensor for name, tensor in model.state_dict().items() if not any(f".h.{p}." in name for p in (4, 5))}, strict=False)
     with torch.no_grad():
         torch.testing.assert_close(model(PROMPT, skipped_positions=[4, 5]).logits, two_loops(PROMPT).logits, rtol=0, atol=0)
+
+
+class BlockCalls:
+    """The input hidden states, the call's arguments and the output of one block, as a forward hook sees them."""
+
+    def __init__(self, block):
+        self.handle = block.register_forward_hook(self, with_kwargs=True)
+
+    def __call__(self, module, args, kwargs, output):
+        self.args, self.kwargs, self.output = args, kwargs, output
+
+
+@pytest.mark.parametrize("kind", [GPT2, LLAMA], ids=lambda kind: kind.name)
+def test_the_residual_scale_divides_each_update_by_the_positions_sharing_the_block(kind):
+    """`0 1 1 1` with `loop_residual_scale`: block 1 at positions 1-3 adds a third of its update, block 0 all of it."""
+    model = kind.tied_model([0, 1, 1, 1], seed=6, loop_residual_scale=True)
+    calls = [BlockCalls(block) for block in model.get_submodule(kind.blocks_path)]
+    with torch.no_grad():
+        hidden = model(PROMPT, output_hidden_states=True, use_cache=False).hidden_states
+        for position, share in zip(range(3), (1, 3, 3)):  # the last position's output is normed after it
+            call = calls[position]
+            unscaled = model.get_submodule(kind.blocks_path)[position](*call.args, **call.kwargs)  # outside the forward: no hook
+            unscaled = unscaled[0] if isinstance(unscaled, tuple) else unscaled
+            torch.testing.assert_close(hidden[position + 1], hidden[position] + (unscaled - hidden[position]) / share)
+        plain = kind.tied_model([0, 1, 1, 1], seed=6)
+        assert not torch.equal(plain(PROMPT).logits, model(PROMPT).logits)
+
+
+@pytest.mark.parametrize("kind", [GPT2, LLAMA], ids=lambda kind: kind.name)
+def test_input_injection_adds_the_token_embeddings_to_each_repeated_position(kind):
+    model = kind.tied_model([0, 1, 0, 1], seed=7, loop_input_injection=True)
+    calls = [BlockCalls(block) for block in model.get_submodule(kind.blocks_path)]
+    with torch.no_grad():
+        hidden = model(PROMPT, output_hidden_states=True, use_cache=False).hidden_states
+        embeddings = model.get_input_embeddings()(PROMPT)
+        for position, repeated in enumerate((False, False, True, True)):
+            expected = hidden[position] + embeddings if repeated else hidden[position]
+            torch.testing.assert_close(calls[position].args[0], expected)
+        generated = model.generate(PROMPT, max_new_tokens=4, do_sample=False, pad_token_id=0, use_cache=True)
+        uncached = model.generate(PROMPT, max_new_tokens=4, do_sample=False, pad_token_id=0, use_cache=False)
+        assert torch.equal(generated, uncached)  # the injection follows the cache: each step's own embeddings
+
+
+def test_a_model_with_the_loop_recipe_is_not_exported_to_a_plain_class():
+    model = GPT2.tied_model([0, 1, 1, 1], loop_residual_scale=True)
+    with pytest.raises(ValueError, match=r"to_untied\(\): this model computes with loop_residual_scale, which no plain transformers class computes"):
+        model.to_untied()

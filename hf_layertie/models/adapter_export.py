@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 from transformers.utils import ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME
 
 from ._compat import carries_integrated_adapters, is_fsdp_sharded, is_persistent_buffer, saving_whole_model
-from .configuration_tying import TYING_FIELDS
+from .configuration_tying import LOOP_RECIPE_FIELDS, TYING_FIELDS
 
 if TYPE_CHECKING:
     from .tied_blocks import RetieReport
@@ -204,6 +204,12 @@ class AdapterExportMixin:
         (relaxed ties) are merged into each position's own copy of its weights; this model keeps them. Positions
         the config skips (`skipped_positions`) are left out: the export is the shorter model this one computes as.
         """
+        recipe = [name for name in LOOP_RECIPE_FIELDS if getattr(self.config, name, False)]
+        if recipe:
+            raise ValueError(
+                f"to_untied(): this model computes with {', '.join(recipe)}, which no plain transformers class "
+                f"computes: its export would give other logits. Serve it with this package (or remote code)"
+            )
         adapted = any(is_adapter_layer(module) for module in self.modules())
         state_dict = self._merged_state_dict() if adapted else self.state_dict()
         plain_class = self.untied_class()

@@ -22,7 +22,9 @@ logger = logging.get_logger(__name__)
 
 TIE_INITS = ("root", "mean")
 # Fields a tied config adds to its transformers config; `to_untied()` leaves them out.
-TYING_FIELDS = ("tying_map", "tie_init", "skipped_positions")
+TYING_FIELDS = ("tying_map", "tie_init", "skipped_positions", "loop_residual_scale", "loop_input_injection")
+# The loop recipe's settings, which no plain transformers class computes (`to_untied()` refuses them).
+LOOP_RECIPE_FIELDS = ("loop_residual_scale", "loop_input_injection")
 
 
 def check_tie_init(value) -> None:
@@ -68,6 +70,13 @@ class TyingConfigMixin:
         (`[]` computes every position). For a looped map (`cycle:U` over L = nU blocks) skipping the last kU
         positions runs n - k loops. The map and the weights are untouched; `to_untied()` exports the positions
         computed. `None` (the default) computes every position.
+    loop_residual_scale (`bool`, *optional*, defaults to `False`):
+        Scale each block's update (its output minus its input) by 1/N, N the number of computed positions that use
+        its weights, so a block repeated N times adds as much as one used once (the residual scaling of 2026 looped
+        models, 2606.18524, whose point is that the best learning rate then depends on the unique blocks only).
+    loop_input_injection (`bool`, *optional*, defaults to `False`):
+        Add the token embeddings to the input of every repeated position (one whose weights an earlier computed
+        position used already), as Huginn (Geiping et al., 2025) and Ouro feed the input to each loop.
     tie_init (`str`, *optional*, defaults to `"root"`):
         The weights a tie group starts from when `from_pretrained(path, tying_map=...)` (or a `config=` with
         another map) groups a checkpoint's blocks differently from how they were saved (a plain checkpoint
@@ -91,6 +100,8 @@ class TyingConfigMixin:
     tying_map: list | None = None
     tie_init: str = "root"
     skipped_positions: list | None = None
+    loop_residual_scale: bool = False
+    loop_input_injection: bool = False
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)

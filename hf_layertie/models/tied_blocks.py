@@ -52,7 +52,8 @@ def _forward_skipping_positions(base_forward):
     `generate` passes a keyword on to `forward` only when the signature names it."""
 
     def forward(self, *args, skipped_positions: Sequence[int] | None = None, **kwargs):
-        with self.computing_only(self.active_positions(skipped_positions)):
+        active = self.active_positions(skipped_positions)
+        with self.loop_recipe(active), self.computing_only(active):
             return base_forward(self, *args, **kwargs)
 
     signature = inspect.signature(base_forward)
@@ -66,6 +67,32 @@ def _forward_skipping_positions(base_forward):
     )
     forward.__name__ = forward.__qualname__ = "forward"
     return forward
+
+
+def _injecting(embeddings: list):
+    """A block pre-hook adding the token embeddings of this forward pass (the last `embeddings` entry, captured from
+    the input embedding layer) to the block's input hidden states."""
+
+    def hook(module, args, kwargs):
+        if not embeddings:
+            raise ValueError("loop_input_injection adds the token embeddings to repeated positions: pass input_ids, not inputs_embeds")
+        if args:
+            return (args[0] + embeddings[-1], *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": kwargs["hidden_states"] + embeddings[-1]}
+
+    return hook
+
+
+def _scaling(factor: float):
+    """A block hook scaling the block's update (output hidden states minus input) by `factor`."""
+
+    def hook(module, args, kwargs, output):
+        before = args[0] if args else kwargs["hidden_states"]
+        after = output[0] if isinstance(output, tuple) else output
+        scaled = before + (after - before) * factor
+        return (scaled, *output[1:]) if isinstance(output, tuple) else scaled
+
+    return hook
 
 
 def _refuse_adapters_without_peft(folder) -> None:
@@ -304,6 +331,33 @@ class TiedBlocksMixin(AdapterExportMixin):
         skipped = self.config.skipped_positions if skipped_positions is None else skipped_positions
         skipped = check_skipped_positions(skipped, len(self.tied_blocks)) or []
         return [position for position in range(len(self.tied_blocks)) if position not in skipped]
+
+    @contextlib.contextmanager
+    def loop_recipe(self, positions: list[int]):
+        """Inside, the blocks at `positions` compute with the loop recipe the config asks for: each block's update
+        scaled by 1/N (`loop_residual_scale`, N the computed positions using its weights) and the token embeddings
+        added to the input of each repeated position (`loop_input_injection`). Hooks, removed on leaving."""
+        scale, inject = getattr(self.config, "loop_residual_scale", False), getattr(self.config, "loop_input_injection", False)
+        if not (scale or inject):
+            yield
+            return
+        roots = [self.tying_map[position] for position in positions]
+        handles, embeddings = [], []
+        if inject:
+            handles.append(self.get_input_embeddings().register_forward_hook(lambda module, args, output: embeddings.append(output)))
+        seen = set()
+        for position, root in zip(positions, roots):
+            block = self.tied_blocks[position]
+            if inject and root in seen:
+                handles.append(block.register_forward_pre_hook(_injecting(embeddings), with_kwargs=True))
+            if scale and roots.count(root) > 1:
+                handles.append(block.register_forward_hook(_scaling(1 / roots.count(root)), with_kwargs=True))
+            seen.add(root)
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     @contextlib.contextmanager
     def computing_only(self, positions: list[int]):

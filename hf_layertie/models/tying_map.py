@@ -103,6 +103,16 @@ class TyingMap(Sequence):
     def __repr__(self) -> str:
         return f"TyingMap({self.render()})"
 
+    def occurrences(self) -> list[int]:
+        """For each position, how many earlier positions use the same weights (0: the weights' first use; above 0:
+        a repeated position of a looped model)."""
+        seen: dict[int, int] = {}
+        counts = []
+        for root in self.entries:
+            counts.append(seen.get(root, 0))
+            seen[root] = counts[-1] + 1
+        return counts
+
     @property
     def num_distinct(self) -> int:
         """Number of blocks that own weights: the number of trainable block copies."""

@@ -1,7 +1,7 @@
 """Depth schedules for looped models: which block positions a training step computes (`loop_onset`, `loop_schedule`).
 
 A position is *repeated* when its block's weights were already used at an earlier position (its occurrence index,
-`occurrence_indices`, is above 0): in `0 1 1 1` positions 2 and 3, in `cycle:2` over 6 positions the last 4. Before
+`TyingMap.occurrences`, is above 0): in `0 1 1 1` positions 2 and 3, in `cycle:2` over 6 positions the last 4. Before
 the onset step (`loop_onset` x `max_steps`) the trainer skips some of them (`config.skipped_positions`, the
 identity: `hf_layertie.models.TiedBlocksMixin.computing_only`), from it on every position computes:
 
@@ -23,22 +23,12 @@ from ..models.tying_map import TyingMap
 LOOP_SCHEDULES = ("onset", "progressive")
 
 
-def occurrence_indices(tying_map: TyingMap) -> list[int]:
-    """For each position, how many earlier positions computed with the same weights (0: the block's first use)."""
-    seen: dict[int, int] = {}
-    indices = []
-    for root in tying_map:
-        indices.append(seen.get(root, 0))
-        seen[root] = seen.get(root, 0) + 1
-    return indices
-
-
 def skipped_positions_at(step: int, max_steps: int, tying_map: TyingMap, onset: float, schedule: str) -> list[int] | None:
     """The positions a training step skips (None: every position computes). `step` counts the optimizer steps done."""
     switch = math.ceil(onset * max_steps)
     if step >= switch:
         return None
-    occurrences = occurrence_indices(tying_map)
+    occurrences = tying_map.occurrences()
     passes = 1 if schedule == "onset" else 1 + step * (max(occurrences) + 1) // switch
     return [position for position, occurrence in enumerate(occurrences) if occurrence >= passes] or None
 
