@@ -398,7 +398,7 @@ def test_flags_given_without_data_or_model_apply_on_top_of_the_embedded_default(
     metrics = run(CAUSAL_LM, [*ON_TOP, "--output_dir", str(tmp_path), "--config_overrides", "n_layer=2"])
     config = json.loads((tmp_path / "config.json").read_text())
     default = json.loads(CAUSAL_LM.default_arguments.read_text())
-    assert (config["n_layer"], config["n_embd"], config["n_positions"]) == (2, 128, 64)  # overrides merged, user's last
+    assert (config["n_layer"], config["n_embd"], config["n_positions"]) == (2, 96, 64)  # overrides merged, user's last
     assert json.loads((tmp_path / "trainer_state.json").read_text())["global_step"] == 2
     assert {"eval_loss", "eval_bigram_loss", "train_runtime"} <= set(metrics)
     assert len((tmp_path / "tying_history.jsonl").read_text().splitlines()) == 1  # tying_interval 4 from the default
