@@ -30,6 +30,9 @@ from bench.run_bench import Scheduler  # noqa: E402
 from bench.scheduling import Job, run_jobs, write_complete  # noqa: E402
 from bench.settings import PRESETS, BenchArguments, RunSpec, resolve_settings  # noqa: E402
 
+# The fast tier (`python -m pytest -m "not e2e and not slow"`) leaves these out: bench's studies run end to end on tiny presets.
+pytestmark = pytest.mark.e2e
+
 TINY = PRESETS["tiny"]
 
 

@@ -16,6 +16,9 @@ sys.path.insert(0, str(REPO_ROOT))  # `bench` is a folder of the repository, not
 
 from bench import compress, hop_depth, recipe_report, run_bench  # noqa: E402
 
+# The fast tier (`python -m pytest -m "not e2e and not slow"`) leaves these out: the committed reports rebuilt from their records.
+pytestmark = pytest.mark.e2e
+
 SCRIPTS = {"run_bench.py": run_bench.main, "compress.py": compress.main, "hop_depth.py": hop_depth.main,
            "recipe_report.py": recipe_report.main}  # fmt: skip
 

@@ -12,6 +12,9 @@ import torch
 
 from hf_layertie.data.embedded import SHAKESPEARE_DIR
 
+# The fast tier (`python -m pytest -m "not e2e and not slow"`) leaves these out: several processes train end to end.
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[1]
 # The README's command for a CPU-only machine (`accelerate launch ...`), run by this Python, so that the suite
 # passes however it is invoked (a virtual environment that is not activated has no `accelerate` on PATH); `launch`

@@ -20,6 +20,9 @@ from hf_layertie.data.embedded import SHAKESPEARE_DIR
 from hf_layertie.lambada.run import run_lambada
 from hf_layertie.language_modeling import CAUSAL_LM, run
 
+# The fast tier (`python -m pytest -m "not e2e and not slow"`) leaves these out: the scripts run end to end.
+pytestmark = pytest.mark.e2e
+
 TINY_GPT2 = "n_layer=3,n_embd=16,n_head=2,n_positions=32"
 TRAINING_KEYS = {"train_loss", "train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos"}
 

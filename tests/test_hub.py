@@ -21,6 +21,9 @@ from safetensors.torch import load_file, save_file
 from hf_layertie import TiedGPT2LMHeadModel
 from hf_layertie.model_card import write_model_card
 
+# The fast tier (`python -m pytest -m "not e2e and not slow"`) leaves these out: pushes, pulls and loads in fresh processes.
+pytestmark = pytest.mark.e2e
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INPUT_IDS = torch.tensor([[5, 17, 42, 8, 99, 3, 61, 27]])
 

@@ -19,6 +19,9 @@ from hf_layertie.lambada.run import run_lambada
 from hf_layertie.language_modeling import CAUSAL_LM, MASKED_LM, run
 from hf_layertie.toolkit import load_text_datasets, tokenize_and_group
 
+# The fast tier (`python -m pytest -m "not e2e and not slow"`) leaves these out: the scripts run end to end.
+pytestmark = pytest.mark.e2e
+
 TINY_GPT2 = "n_layer=3,n_embd=16,n_head=2,n_positions=32"
 TINY_BERT = "num_hidden_layers=3,hidden_size=16,num_attention_heads=2,intermediate_size=32,max_position_embeddings=32"
 
