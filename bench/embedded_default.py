@@ -89,11 +89,11 @@ def _markdown(summary: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=parse_integers, default=(1, 2, 3, 4, 5), help="comma-separated seeds (default 1-5)")
+    parser.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds (default 1-5)")
     parser.add_argument("--report_only", action="store_true", help="write the report from the finished runs")
     args = parser.parse_args()
     if not args.report_only:
-        for seed in args.seeds:
+        for seed in parse_integers(args.seeds, "seeds"):
             record = train_seed(seed)
             print(f"seed {seed}: model {record['eval_loss']:.3f}, bigram {record['eval_bigram_loss']:.3f}, margin {record['margin']:+.3f}")
     print(f"report: {write_report()}")
