@@ -43,15 +43,15 @@ class NonFiniteLossGuard:
         if accelerator.scaler is not None or grad_norm is None:
             return
         if not torch.isfinite(torch.as_tensor(grad_norm)).all():
-            raise FloatingPointError(_message("gradient norm", step + 1, output_dir, learning_rate, f" ({float(grad_norm)})"))
+            raise FloatingPointError(_message("gradient norm", step + 1, output_dir, learning_rate, str(float(grad_norm))))
 
 
-def _message(what: str, step: int, output_dir: str, learning_rate: float, value: str = "") -> str:
+def _message(what: str, step: int, output_dir: str, learning_rate: float, value: str = "NaN or inf") -> str:
     # The checkpoint a re-run resumes from: get_last_checkpoint would name an incomplete one.
     last = last_complete_checkpoint(output_dir)
     remedy = f"a lower learning_rate (this run: {learning_rate}) or a longer warm-up"
     way_on = f"To go on, resume from the last checkpoint, {last}, with {remedy}" if last else f"No checkpoint was saved yet: start again with {remedy}"
     return (
-        f"the {what} is not finite (NaN or inf){value} in step {step}: training stopped before that step's update, "
+        f"the {what} is not finite ({value}) in step {step}: training stopped before that step's update, "
         f"so the weights are those after step {step - 1} and nothing was saved from them. {way_on}"
     )
