@@ -63,3 +63,11 @@ def test_a_committed_report_is_what_its_committed_records_give(tmp_path, monkeyp
     regenerate = f"bench/reports/{committed}/{name} differs from what `python {' '.join(argv[:-2])}` writes: regenerate it"
     assert rebuilt[0] == saved[0], regenerate
     assert rebuilt[1] == saved[1], regenerate
+
+
+def test_the_embedded_default_s_report_is_what_its_records_give(tmp_path):
+    """bench/embedded_default.py's report, which the README and the quickstart cite, from its committed records."""
+    from bench import embedded_default
+
+    embedded_default.write_report(report_dir=tmp_path)
+    assert _comparable(tmp_path, "results") == _comparable(embedded_default.REPORT, "results")
