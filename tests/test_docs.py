@@ -110,6 +110,7 @@ def guide_failures(tmp_path_factory) -> dict[Path, str | None]:
     return {guide: run.result() for guide, run in runs.items()}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("guide", RUNNABLE_GUIDES, ids=_name)
 def test_every_runnable_block_of_a_guide_runs(guide, guide_failures):
     assert guide_failures[guide] is None, guide_failures[guide]

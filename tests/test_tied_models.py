@@ -230,6 +230,7 @@ def test_untied_word_embeddings_still_restore_block_ties(kind, tmp_path):
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
+@pytest.mark.e2e  # a fresh process per build, measured
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the peak from /proc (Linux)")
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_building_a_tied_model_materialises_only_its_distinct_blocks(kind, tmp_path):
