@@ -559,22 +559,32 @@ def test_the_final_trainer_state_is_written_atomically(tmp_path, monkeypatch):
     assert (tmp_path / "trainer_state.json").read_text() == before and finished_training_step(tmp_path, 2) == 2
 
 
-class NaNLossAtCall:
-    """Fault injection: the language-model head returns NaN logits in its `call`-th forward pass (from 1)."""
+class NaNAtCall:
+    """Fault injection: a hook that makes its value NaN in its `call`-th call (from 1): as a forward hook on the
+    language-model head, NaN logits (a NaN loss); as a gradient hook, a NaN gradient under a finite loss, as float16
+    weights overflowing in the backward pass give."""
 
     def __init__(self, call):
         self.call, self.calls = call, 0
 
-    def __call__(self, module, args, output):
+    def __call__(self, *arguments):
         self.calls += 1
-        return output * float("nan") if self.calls == self.call else output
+        value = arguments[-1]  # a forward hook's output, a gradient hook's gradient
+        return value * float("nan") if self.calls == self.call else value
+
+
+def assert_only_checkpoint_2_of_finite_weights(trainer, output_dir) -> None:
+    """The run stopped before step 3's update: checkpoint-2 alone, finite, and the model's weights are its."""
+    assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == ["checkpoint-2"]
+    saved, current = load_file(output_dir / "checkpoint-2" / "model.safetensors"), trainer.model.state_dict()
+    assert all(torch.isfinite(tensor).all() and torch.equal(current[name], tensor) for name, tensor in saved.items())
 
 
 @pytest.mark.parametrize("strategy", ["dlt", "none"])
 def test_a_non_finite_loss_stops_training_before_its_update_and_leaves_the_checkpoint(tmp_path, strategy):
     model = tiny_model()
     # Two micro-batches per step; the first of step 3 (forward 5) is NaN: the run must stop before step 3's update.
-    injection = NaNLossAtCall(call=5)
+    injection = NaNAtCall(call=5)
     model.lm_head.register_forward_hook(injection)
     schedule = {"tying_interval": 4} if strategy == "dlt" else {}
     trainer = make_trainer(
@@ -591,27 +601,13 @@ def test_a_non_finite_loss_stops_training_before_its_update_and_leaves_the_check
         f"{checkpoint}, with a lower learning_rate (this run: 0.001) or a longer warm-up"
     )
     assert injection.calls == 6  # the flag is read on the step's last micro-batch
-    assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
-    saved, current = load_file(checkpoint / "model.safetensors"), trainer.model.state_dict()
-    assert all(torch.isfinite(tensor).all() and torch.equal(current[name], tensor) for name, tensor in saved.items())
-
-
-class NaNGradientAtCall:
-    """Fault injection: a gradient hook that makes the gradient NaN in its `call`-th backward pass (from 1), under a
-    finite loss, as float16 weights overflowing in the backward pass do."""
-
-    def __init__(self, call):
-        self.call, self.calls = call, 0
-
-    def __call__(self, gradient):
-        self.calls += 1
-        return gradient * float("nan") if self.calls == self.call else gradient
+    assert_only_checkpoint_2_of_finite_weights(trainer, tmp_path)
 
 
 @pytest.mark.parametrize("strategy", ["dlt", "none"])
 def test_a_finite_loss_with_a_non_finite_gradient_stops_training_before_its_update(tmp_path, strategy):
     model = tiny_model()
-    injection = NaNGradientAtCall(call=3)
+    injection = NaNAtCall(call=3)
     model.transformer.wte.weight.register_hook(injection)  # the embedding: no re-tie replaces it
     schedule = {"tying_interval": 4} if strategy == "dlt" else {}
     trainer = make_trainer(tmp_path, model=model, tying_strategy=strategy, **schedule, max_steps=4, save_strategy="steps", save_steps=2)
@@ -623,9 +619,7 @@ def test_a_finite_loss_with_a_non_finite_gradient_stops_training_before_its_upda
         f"the weights are those after step 2 and nothing was saved from them. To go on, resume from the last "
         f"checkpoint, {tmp_path / 'checkpoint-2'}, with a lower learning_rate (this run: 0.001) or a longer warm-up"
     )
-    assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
-    saved, current = load_file(tmp_path / "checkpoint-2" / "model.safetensors"), trainer.model.state_dict()
-    assert all(torch.isfinite(tensor).all() and torch.equal(current[name], tensor) for name, tensor in saved.items())
+    assert_only_checkpoint_2_of_finite_weights(trainer, tmp_path)
 
 
 @pytest.mark.slow
