@@ -600,7 +600,7 @@ def test_a_non_finite_loss_stops_training_before_its_update_and_leaves_the_check
         f"weights are those after step 2 and nothing was saved from them. To go on, resume from the last checkpoint, "
         f"{checkpoint}, with a lower learning_rate (this run: 0.001) or a longer warm-up"
     )
-    assert injection.calls == 6  # the flag is read on the step's last micro-batch
+    assert injection.calls == 6  # the flag is read once the step's micro-batches are done, before its update
     assert_only_checkpoint_2_of_finite_weights(trainer, tmp_path)
 
 

@@ -288,7 +288,7 @@ class TyingTrainer(Trainer):
         loss = super().training_step(self.model_wrapped, inputs, num_items_in_batch)
         self._sitting_loss += loss  # on the device, as the Trainer sums it: no synchronisation per step
         self.decisions.observe_loss(loss)
-        self._non_finite_loss.check(loss, self.accelerator, self.state.global_step, self.args.output_dir, self.args.learning_rate)
+        self._non_finite_loss.observe(loss)
         return loss
 
     def _schedule_loops(self) -> None:
@@ -300,12 +300,10 @@ class TyingTrainer(Trainer):
         )
 
     def _get_grad_norm(self, model, grad_norm=None):
-        """The Trainer's gradient norm, measured before `optimizer.step()`: a non-finite one stops training there
-        (`NonFiniteLossGuard.check_gradient_norm`), so no update, checkpoint or model is made of NaN weights."""
+        """The Trainer's gradient norm, measured before `optimizer.step()`: the step's losses and this norm are
+        checked there (`NonFiniteLossGuard.check`), so no update, checkpoint or model is made of NaN weights."""
         grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        self._non_finite_loss.check_gradient_norm(
-            grad_norm, self.accelerator, self.state.global_step, self.args.output_dir, self.args.learning_rate
-        )
+        self._non_finite_loss.check(grad_norm, self.accelerator, self.state.global_step, self.args.output_dir, self.args.learning_rate)
         return grad_norm
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs) -> TrainOutput:
