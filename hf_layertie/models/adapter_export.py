@@ -216,10 +216,8 @@ class AdapterExportMixin:
         config_dict = {
             key: value for key, value in self.config.to_dict().items() if key not in TYING_FIELDS + _TIED_CLASS_KEYS
         }
-        source = self._position_in_this_model
-        exported_names = {name: self._position_in_export(name) for name in state_dict}
-        state_dict = {exported: state_dict[name] for name, exported in exported_names.items() if exported is not None}
         active = self.active_positions()
+        state_dict = self._named_as_exported(state_dict.items(), active)
         config_dict[self.config.attribute_map.get("num_hidden_layers", "num_hidden_layers")] = len(active)
         if isinstance(config_dict.get("layer_types"), list):  # Qwen2's and Mistral's per-layer attention
             config_dict["layer_types"] = [config_dict["layer_types"][position] for position in active]
@@ -237,39 +235,36 @@ class AdapterExportMixin:
         # model's export is trainable throughout, as a merged model is (PEFT freezes the weights under its adapters,
         # and loading adapters freezes every base weight).
         if not adapted:
-            own_parameters = dict(self.named_parameters(remove_duplicate=False))
+            own_parameters = self._named_as_exported(self.named_parameters(remove_duplicate=False), active)
             for name, parameter in plain.named_parameters(remove_duplicate=False):
-                if source(name) in own_parameters:
-                    parameter.requires_grad_(own_parameters[source(name)].requires_grad)
+                if name in own_parameters:
+                    parameter.requires_grad_(own_parameters[name].requires_grad)
         # Buffers: copies of this model's, in its dtypes (rotary `inv_freq` stays float32 in a half-precision model);
         # the non-persistent ones are in no state dict and would stay on the meta device.
-        own_buffers = dict(self.named_buffers(remove_duplicate=False))
+        own_buffers = self._named_as_exported(self.named_buffers(remove_duplicate=False), active)
         for name, _ in plain.named_buffers(remove_duplicate=False):
             module_name, _, buffer_name = name.rpartition(".")
             module = plain.get_submodule(module_name)
             persistent = is_persistent_buffer(module, buffer_name)
-            module.register_buffer(buffer_name, own_buffers[source(name)].clone(), persistent=persistent)
+            module.register_buffer(buffer_name, own_buffers[name].clone(), persistent=persistent)
         if self.can_generate():
             plain.generation_config = copy.deepcopy(self.generation_config)
         return plain.train(self.training)
 
-    def _position_in_export(self, name: str) -> str | None:
-        """The name in `to_untied()`'s model of this model's `name`: a block of an active position is renumbered
-        among the active ones (`config.skipped_positions`), a skipped one's has none (None); others keep theirs."""
+    def _named_as_exported(self, named, active: list[int]) -> dict:
+        """`named` (pairs of this model's names and values) under the names `to_untied()`'s model gives them: the
+        blocks of the `active` positions renumbered among them (`config.skipped_positions`), those of skipped
+        positions left out; names outside the blocks kept."""
         prefix = f"{self.tied_blocks_path}."
-        if not name.startswith(prefix):
-            return name
-        position, _, rest = name[len(prefix) :].partition(".")
-        active = self.active_positions()
-        return f"{prefix}{active.index(int(position))}.{rest}" if int(position) in active else None
-
-    def _position_in_this_model(self, name: str) -> str:
-        """The inverse of `_position_in_export`: this model's name of the export's `name`."""
-        prefix = f"{self.tied_blocks_path}."
-        if not name.startswith(prefix):
-            return name
-        position, _, rest = name[len(prefix) :].partition(".")
-        return f"{prefix}{self.active_positions()[int(position)]}.{rest}"
+        exported = {}
+        for name, value in named:
+            if name.startswith(prefix):
+                position, _, rest = name[len(prefix) :].partition(".")
+                if int(position) not in active:
+                    continue
+                name = f"{prefix}{active.index(int(position))}.{rest}"
+            exported[name] = value
+        return exported
 
     def _merged_state_dict(self) -> dict[str, torch.Tensor]:
         """The plain state dict of this model with the adapters it computes with merged: each position's into its

@@ -21,10 +21,10 @@ from .tying_map import TyingMap
 logger = logging.get_logger(__name__)
 
 TIE_INITS = ("root", "mean")
-# Fields a tied config adds to its transformers config; `to_untied()` leaves them out.
-TYING_FIELDS = ("tying_map", "tie_init", "skipped_positions", "loop_residual_scale", "loop_input_injection")
 # The loop recipe's settings, which no plain transformers class computes (`to_untied()` refuses them).
 LOOP_RECIPE_FIELDS = ("loop_residual_scale", "loop_input_injection")
+# Fields a tied config adds to its transformers config; `to_untied()` leaves them out.
+TYING_FIELDS = ("tying_map", "tie_init", "skipped_positions", *LOOP_RECIPE_FIELDS)
 
 
 def check_tie_init(value) -> None:
