@@ -103,13 +103,21 @@ class BlockCalls:
         self.args, self.kwargs, self.output = args, kwargs, output
 
 
+def hidden_states_and_block_calls(kind, model) -> tuple[tuple, list[BlockCalls]]:
+    """A forward pass of `model` on the prompt without a cache: the hidden states before each position (and after
+    the last), and what each block was called with."""
+    calls = [BlockCalls(block) for block in model.get_submodule(kind.blocks_path)]
+    with torch.no_grad():
+        hidden = model(PROMPT, output_hidden_states=True, use_cache=False).hidden_states
+    return hidden, calls
+
+
 @pytest.mark.parametrize("kind", [GPT2, LLAMA], ids=lambda kind: kind.name)
 def test_the_residual_scale_divides_each_update_by_the_positions_sharing_the_block(kind):
     """`0 1 1 1` with `loop_residual_scale`: block 1 at positions 1-3 adds a third of its update, block 0 all of it."""
     model = kind.tied_model([0, 1, 1, 1], seed=6, loop_residual_scale=True)
-    calls = [BlockCalls(block) for block in model.get_submodule(kind.blocks_path)]
+    hidden, calls = hidden_states_and_block_calls(kind, model)
     with torch.no_grad():
-        hidden = model(PROMPT, output_hidden_states=True, use_cache=False).hidden_states
         for position, share in zip(range(3), (1, 3, 3)):  # the last position's output is normed after it
             call = calls[position]
             unscaled = model.get_submodule(kind.blocks_path)[position](*call.args, **call.kwargs)  # outside the forward: no hook
@@ -122,9 +130,8 @@ def test_the_residual_scale_divides_each_update_by_the_positions_sharing_the_blo
 @pytest.mark.parametrize("kind", [GPT2, LLAMA], ids=lambda kind: kind.name)
 def test_input_injection_adds_the_token_embeddings_to_each_repeated_position(kind):
     model = kind.tied_model([0, 1, 0, 1], seed=7, loop_input_injection=True)
-    calls = [BlockCalls(block) for block in model.get_submodule(kind.blocks_path)]
+    hidden, calls = hidden_states_and_block_calls(kind, model)
     with torch.no_grad():
-        hidden = model(PROMPT, output_hidden_states=True, use_cache=False).hidden_states
         embeddings = model.get_input_embeddings()(PROMPT)
         for position, repeated in enumerate((False, False, True, True)):
             expected = hidden[position] + embeddings if repeated else hidden[position]
