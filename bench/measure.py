@@ -194,12 +194,13 @@ def count_bigram_test_loss(settings: BenchSettings) -> float | None:
     return bigram_loss(blocks["train"]["input_ids"], blocks["test"]["input_ids"], len(tokenizer))
 
 
-def build_model(tokenizer, num_blocks: int, hidden: int, heads: int, context: int, dropout: float = 0.0):
+def build_model(tokenizer, num_blocks: int, hidden: int, heads: int, context: int, dropout: float = 0.0, looped_config=()):
     """A TiedGPT2 from scratch with every block independent; no dropout unless told (the default study sees each
-    token about once; the paper's regime, many epochs of a small corpus, uses 0.2)."""
+    token about once; the paper's regime, many epochs of a small corpus, uses 0.2). `looped_config`: (name, value)
+    pairs of the loop recipe's config fields and `skipped_positions` (`RunSpec.looped_config`)."""
     drop = ",".join(f"{name}={dropout}" for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"))
     overrides = f"n_layer={num_blocks},n_embd={hidden},n_head={heads},n_positions={context},{drop}"
-    return load_model("tied_gpt2", tokenizer, config_overrides=overrides)
+    return load_model("tied_gpt2", tokenizer, config_overrides=overrides, looped_config=dict(looped_config))
 
 
 def gradient_norm_interval(settings: BenchSettings, spec: RunSpec) -> int | None:
@@ -280,6 +281,7 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
         settings.memory_n_head if memory else settings.n_head,
         settings.block_size,
         0.0 if memory else settings.dropout,
+        spec.looped_config,
     )
     evaluated = {split: blocks[split] for split in ("validation", "test")} if args.eval_strategy != "no" else None
     trainer = TyingTrainer(
@@ -316,6 +318,8 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
         "tying_decisions": len(trainer.tying_records),
         "trained_steps": trainer.state.global_step,  # below max_steps where early stopping ended the run
         "gradient_checkpointing": bool(args.gradient_checkpointing),  # absent from earlier records: False
+        **({"tying_settings": dict(spec.tying)} if spec.tying else {}),  # absent: the strategy's defaults
+        **({"looped_config": dict(spec.looped_config)} if spec.looped_config else {}),  # absent: no loop recipe
         "learning_rate": args.learning_rate,
         **source,
     }

@@ -550,6 +550,7 @@ class RunSpec:
     dlt_variant: str = "default"
     num_blocks: int | None = None
     tying: tuple[tuple[str, object], ...] = ()  # other tying settings, (name, value) pairs: the controls' changes
+    looped_config: tuple[tuple[str, object], ...] = ()  # the model's loop recipe / skipped positions, (name, value) pairs
     learning_rate: float | None = None  # None: the preset's; else this run's (chosen per label by --tune_learning_rates)
     rate_of: str | None = None  # the label whose chosen learning rate this run takes; None: its own
     gradient_checkpointing: bool = False  # transformers' gradient checkpointing (memory runs: `memory_gradient_checkpointing`)
@@ -561,7 +562,7 @@ class RunSpec:
         name = self.strategy.replace(":", "-").replace(",", "_")
         if self.dlt_variant != "default":
             name += f"-{self.dlt_variant}"
-        name += "".join(f"-{setting}={value}" for setting, value in self.tying)
+        name += "".join(f"-{setting}={value}" for setting, value in (*self.tying, *self.looped_config))
         if self.learning_rate is not None:
             name += f"-lr{self.learning_rate:g}"
         if self.gradient_checkpointing:
@@ -575,7 +576,8 @@ class RunSpec:
     @classmethod
     def from_json(cls, text: str) -> RunSpec:
         fields = json.loads(text)
-        fields["tying"] = tuple(tuple(pair) for pair in fields.get("tying", ()))
+        for name in ("tying", "looped_config"):
+            fields[name] = tuple(tuple(pair) for pair in fields.get(name, ()))
         return cls(**fields)
 
 

@@ -5,7 +5,9 @@
     python bench/step_time.py --preset partial         # language: 4 untied blocks, and 4 looped over 5-8 positions
 
 A looped layout trains the parameters of U untied blocks but computes more positions, so it costs time per step where
-it saves nothing in memory. The study's reports give `s per step` as a run's training time over its steps, which counts
+it saves nothing in memory. What a step costs is the positions it computes, not the model's length: each layout of
+the most positions is timed a second time with its repeated positions skipped (`config.skipped_positions`, as
+`--loop_onset` trains before its onset), the rows `..., repeats skipped`, whose active positions are U. The study's reports give `s per step` as a run's training time over its steps, which counts
 whatever else the machine ran meanwhile (a run beside it on 2 cores, a test suite): rows trained at different times
 are not comparable there. Here each layout of the preset (`partial_loop_runs`) trains a few steps through the study's
 own path (`TyingTrainer`, the preset's data, model, batch and optimizer, one thread, as each study run has) in
@@ -84,53 +86,80 @@ class StepTimer(TrainerCallback):
         self.seconds.append(time.perf_counter() - self._started)
 
 
+@dataclass(frozen=True)
+class TimedLayout:
+    """A layout of the preset, computing every position or with its repeated positions skipped."""
+
+    spec: RunSpec
+    skips_repeats: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.spec.label}, repeats skipped" if self.skips_repeats else self.spec.label
+
+
+def timed_layouts(settings: BenchSettings) -> list[TimedLayout]:
+    """Every layout of the preset's partial loops, then those of the most positions with their repeats skipped."""
+    specs = partial_loop_runs(settings, seed=settings.seeds[0])
+    longest = max(spec.num_blocks for spec in specs)
+    return [TimedLayout(spec) for spec in specs] + [TimedLayout(spec, True) for spec in specs[1:] if spec.num_blocks == longest]
+
+
 def median_step_seconds(
-    settings: BenchSettings, spec: RunSpec, splits, tokenizer, arguments: StepTimeArguments
-) -> tuple[float, list[int]]:
-    """Train `spec`'s layout for the warm-up and timed steps: the median of the timed steps' seconds, and the map the
-    model trained with (what was timed)."""
+    settings: BenchSettings, layout: TimedLayout, splits, tokenizer, arguments: StepTimeArguments
+) -> tuple[float, list[int], list[int] | None]:
+    """Train `layout` for the warm-up and timed steps: the median of the timed steps' seconds, the map the model
+    trained with and the positions it skipped (what was timed)."""
+    spec = layout.spec
     with tempfile.TemporaryDirectory() as scratch:
         training = training_arguments(settings, spec, Path(scratch))
         training = dataclasses.replace(training, max_steps=arguments.warmup_steps + arguments.steps, logging_strategy="no")
         set_seed(spec.seed)
         model = build_model(tokenizer, spec.num_blocks or settings.n_layer, settings.n_embd, settings.n_head, settings.block_size, settings.dropout)
         trainer = TyingTrainer(model=model, args=training, train_dataset=splits["train"], data_collator=default_data_collator)
+        if layout.skips_repeats:
+            model.config.skipped_positions = [position for position, seen in enumerate(model.tying_map.occurrences()) if seen]
         timer = StepTimer()
         trainer.add_callback(timer)
         trainer.remove_callback(PrinterCallback)  # each short run's closing metrics say nothing here
         trainer.train()
-    return statistics.median(timer.seconds[arguments.warmup_steps :]), model.tying_map.to_list()
+    return statistics.median(timer.seconds[arguments.warmup_steps :]), model.tying_map.to_list(), model.config.skipped_positions
 
 
 def measure(settings: BenchSettings, arguments: StepTimeArguments) -> dict:
     """Every layout of `settings`' partial loops timed in `arguments.rounds` rounds: the JSON-ready payload."""
-    specs = partial_loop_runs(settings, seed=settings.seeds[0])
+    layouts = timed_layouts(settings)
     untied = untied_label(settings)
     torch.set_num_threads(1)
     datasets.disable_progress_bars()
     tokenizer, splits = settings_data(settings)
     load_before = os.getloadavg()
-    rounds, maps = [], {}
+    rounds, maps, skipped = [], {}, {}
     for round_index in range(arguments.rounds):
         seconds = {}
-        start = round_index % len(specs)  # each round starts one layout later: none is always timed first or last
-        for spec in specs[start:] + specs[:start]:
-            seconds[spec.label], maps[spec.label] = median_step_seconds(settings, spec, splits, tokenizer, arguments)
-            print(f"round {round_index + 1}/{arguments.rounds}  {spec.label}: {seconds[spec.label]:.4f} s per step", flush=True)
+        start = round_index % len(layouts)  # each round starts one layout later: none is always timed first or last
+        for layout in layouts[start:] + layouts[:start]:
+            label = layout.label
+            seconds[label], maps[label], skipped[label] = median_step_seconds(settings, layout, splits, tokenizer, arguments)
+            print(f"round {round_index + 1}/{arguments.rounds}  {label}: {seconds[label]:.4f} s per step", flush=True)
         rounds.append(seconds)
     rows = {}
-    for spec in specs:
-        ratios = [seconds[spec.label] / seconds[untied] for seconds in rounds]
-        positions = spec.num_blocks or settings.n_layer
-        rows[spec.label] = {
+    for layout in layouts:
+        label = layout.label
+        ratios = [seconds[label] / seconds[untied] for seconds in rounds]
+        positions = len(maps[label])
+        active = positions - len(skipped[label] or [])
+        rows[label] = {
             "positions": positions,
-            "map": maps[spec.label],
-            "seconds_per_step": statistics.median(seconds[spec.label] for seconds in rounds),
+            "active_positions": active,
+            "skipped_positions": skipped[label],
+            "map": maps[label],
+            "seconds_per_step": statistics.median(seconds[label] for seconds in rounds),
             "ratio_to_untied": statistics.median(ratios),
             "ratio_lowest": min(ratios),
             "ratio_highest": max(ratios),
-            "positions_ratio": positions / settings.max_distinct_blocks,
-            "seconds_by_round": [seconds[spec.label] for seconds in rounds],
+            "positions_ratio": active / settings.max_distinct_blocks,
+            "seconds_by_round": [seconds[label] for seconds in rounds],
         }
     source = provenance()
     return {
@@ -154,16 +183,17 @@ def markdown(payload: dict) -> str:
         f"(`python bench/step_time.py --preset {payload['preset']}`): {payload['rounds']} rounds, each timing every "
         f"layout in turn, starting one layout later than the round before, for {payload['steps']} steps of {payload['batch'][0]} x {payload['batch'][1]} tokens after "
         f"{payload['warmup_steps']} untimed ones, one thread. Ratio: a layout's median step over `{payload['untied']}`'s "
-        "in the same round, median over rounds (lowest, highest). Positions ratio: the blocks a step computes over "
-        f"the untied model's. Hardware: {payload['hardware']}; 1-minute load average {payload['load_average_before']:.2f} "
+        "in the same round, median over rounds (lowest, highest). Active: the positions a step computes (all but "
+        "those skipped); positions ratio: the active positions over the untied model's blocks. "
+        f"Hardware: {payload['hardware']}; 1-minute load average {payload['load_average_before']:.2f} "
         f"before, {payload['load_average_after']:.2f} after. Commit {payload['commit']}.",
         "",
-        "| layout | positions | s per step | ratio to untied | lowest | highest | positions ratio |",
-        "|---|---|---|---|---|---|---|",
+        "| layout | positions | active | s per step | ratio to untied | lowest | highest | positions ratio |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for label, row in payload["rows"].items():
         lines.append(
-            f"| {label} | {row['positions']} | {row['seconds_per_step']:.4f} | {row['ratio_to_untied']:.2f} | "
+            f"| {label} | {row['positions']} | {row['active_positions']} | {row['seconds_per_step']:.4f} | {row['ratio_to_untied']:.2f} | "
             f"{row['ratio_lowest']:.2f} | {row['ratio_highest']:.2f} | {row['positions_ratio']:.2f} |"
         )
     return "\n".join(lines) + "\n"

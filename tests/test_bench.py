@@ -344,6 +344,27 @@ def test_a_run_with_early_stopping_stops_once_its_validation_loss_has_not_fallen
     assert result["best_validation_step"] == settings.eval_interval * (1 + curve.index(min(curve)))
 
 
+def test_a_study_run_can_train_a_looped_model_with_every_loop_setting(tmp_path, monkeypatch):
+    """Looped models, part 2 measures part 1's settings through the study's runs: the trainer's (`tying`) and the
+    model's (`looped_config`), each in the run's folder name and its record."""
+    from bench import measure
+
+    spec = RunSpec(
+        "cycle @ U, recipe", "static:cycle:2", 0,
+        tying=(("loop_onset", 0.5), ("loop_schedule", "progressive"), ("loop_lr_exponent", 1.0)),
+        looped_config=(("loop_residual_scale", True), ("loop_input_injection", True)),
+    )  # fmt: skip
+    assert spec.directory.endswith("-loop_lr_exponent=1.0-loop_residual_scale=True-loop_input_injection=True/seed0")
+    assert RunSpec.from_json(spec.to_json()) == spec
+    built, build_model = [], measure.build_model
+    monkeypatch.setattr(measure, "build_model", lambda *args: built.append(build_model(*args)) or built[-1])
+    result = measure.run(TINY, spec, tmp_path)
+    assert result["trained_steps"] == TINY.max_steps
+    assert result["tying_settings"] == dict(spec.tying) and result["looped_config"] == dict(spec.looped_config)
+    config = built[0].config
+    assert config.loop_residual_scale and config.loop_input_injection and config.skipped_positions is None  # loops on
+
+
 def test_a_run_records_each_distinct_blocks_gradient_norm_and_the_log_at_its_interval_under_its_recipe(tmp_path):
     """Issue 53, part 2's measurements: a looped model (4 positions on 2 blocks) under a recipe other than the
     study's; the groups' norms add up to the whole gradient's, and the log gives the norm before clipping."""
@@ -1343,7 +1364,8 @@ def test_the_sharding_bench_counts_ddp_gradient_buckets_in_the_training_state(tm
 def test_step_time_times_every_loop_of_a_partial_preset_under_its_own_map_against_untied_in_the_same_round(capsys):
     """bench/step_time.py: each layout the preset trains is timed with its own map through the study's path, and its
     ratio is to the untied blocks timed in the same round, the median over rounds; each round starts one layout
-    later, so that no layout is always timed first (a load that drifts within a round falls on every layout)."""
+    later, so that no layout is always timed first (a load that drifts within a round falls on every layout). The
+    longest layouts are timed again with their repeated positions skipped, their active positions U."""
     from bench.settings import partial_loop_runs
     from bench.step_time import StepTimeArguments, markdown, measure
 
@@ -1351,17 +1373,26 @@ def test_step_time_times_every_loop_of_a_partial_preset_under_its_own_map_agains
     settings = dataclasses.replace(PRESETS["partial-depth"], task=task, block_size=18, n_embd=32, n_head=2, batch_size=2)
     payload = measure(settings, StepTimeArguments(preset="partial-depth", steps=2, warmup_steps=1, rounds=2))
     specs = partial_loop_runs(settings, settings.seeds[0])
-    assert list(payload["rows"]) == [spec.label for spec in specs]
+    skipping = [spec for spec in specs if spec.num_blocks == 6]
+    labels = [spec.label for spec in specs] + [f"{spec.label}, repeats skipped" for spec in skipping]
+    assert list(payload["rows"]) == labels
     untied = payload["rows"]["untied, 3 blocks"]
     assert untied["map"] == [0, 1, 2] and untied["ratio_to_untied"] == 1.0
-    for spec in specs[1:]:
-        row = payload["rows"][spec.label]
+    for label in labels[1:]:
+        row = payload["rows"][label]
+        spec = next(spec for spec in specs if label.startswith(spec.label))
         assert row["map"] == [int(block) for block in spec.strategy.removeprefix("static:").split(",")]
-        assert row["positions"] == len(row["map"]) and row["positions_ratio"] == len(row["map"]) / 3
+        assert row["positions"] == len(row["map"])
+        # A step computes the first use of each block only, when the repeats are skipped: U = 3 positions.
+        repeats = [position for position, block in enumerate(row["map"]) if block in row["map"][:position]]
+        assert row["skipped_positions"] == (repeats if label.endswith("repeats skipped") else None)
+        assert row["active_positions"] == (3 if row["skipped_positions"] else len(row["map"]))
+        assert row["positions_ratio"] == row["active_positions"] / 3
         ratios = [seconds / base for seconds, base in zip(row["seconds_by_round"], untied["seconds_by_round"])]
         assert len(ratios) == 2 and row["ratio_to_untied"] == statistics.median(ratios)
         assert (row["ratio_lowest"], row["ratio_highest"]) == (min(ratios), max(ratios))
-    assert "| loop middle, 4 positions (0 1 1 3) | 4 | " in markdown(payload)
+    assert "| loop middle, 4 positions (0 1 1 3) | 4 | 4 | " in markdown(payload)
+    assert "| loop middle, 6 positions (0 1 1 1 1 5), repeats skipped | 6 | 3 | " in markdown(payload)
+    assert f"Hardware: {payload['hardware']}; 1-minute load average" in markdown(payload)
     timed = [line.split("  ", 1)[1].rsplit(":", 1)[0] for line in capsys.readouterr().out.splitlines() if line.startswith("round ")]
-    labels = [spec.label for spec in specs]
     assert timed == labels + labels[1:] + labels[:1]

@@ -38,9 +38,11 @@ def launch(script_and_args, cwd):
     return completed
 
 
-@pytest.mark.parametrize("model_name", ["gpt2", "llama"])
-def test_two_ranks_end_with_identical_maps_and_weights_after_reties_and_an_untie(model_name, tmp_path):
-    launch([str(REPO / "tests" / "scripts" / "ddp_tying_run.py"), str(tmp_path), model_name], cwd=tmp_path)
+@pytest.mark.parametrize("model_name, loop_lr", [("gpt2", []), ("llama", ["1.0"])])
+def test_two_ranks_end_with_identical_maps_and_weights_after_reties_and_an_untie(model_name, loop_lr, tmp_path):
+    """The Llama run also trains each block at a rate by its use count (`loop_lr_exponent`): its groups follow the
+    re-ties on both ranks alike."""
+    launch([str(REPO / "tests" / "scripts" / "ddp_tying_run.py"), str(tmp_path), model_name, *loop_lr], cwd=tmp_path)
     rank0, rank1 = (torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1))
     assert rank0["world_size"] == rank1["world_size"] == 2
 
@@ -56,6 +58,10 @@ def test_two_ranks_end_with_identical_maps_and_weights_after_reties_and_an_untie
     assert rank0["state_dict"].keys() == rank1["state_dict"].keys()
     for name, tensor in rank0["state_dict"].items():
         assert torch.equal(tensor, rank1["state_dict"][name]), f"ranks differ in {name}"
+    assert rank0["group_uses"] == rank1["group_uses"]
+    if loop_lr:
+        assert len(rank0["group_uses"]) == 2 * 4  # decay / no decay x use counts 1..4
+        assert all(members == [uses] * len(members) for uses, members in rank0["group_uses"])
 
 
 def test_run_clm_under_accelerate_launch_on_two_processes(tmp_path):

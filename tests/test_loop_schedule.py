@@ -8,7 +8,7 @@ from test_tying_trainer import make_trainer, tiny_model
 
 from hf_layertie import TyingTrainingArguments
 from hf_layertie.models import TyingMap
-from hf_layertie.trainer.loop_schedule import skipped_positions_at
+from hf_layertie.trainer.loop_schedule import skipped_over_training, skipped_positions_at
 
 
 def test_occurrences_and_the_positions_each_schedule_skips():
@@ -90,3 +90,27 @@ def test_a_model_that_skips_positions_of_its_own_is_not_given_a_schedule(tmp_pat
     model.config.skipped_positions = [3]
     with pytest.raises(ValueError, match=r"the model's config skips \[3\] already"):
         make_trainer(tmp_path, model=model, tying_strategy="static:0,1,1,1", max_steps=4, loop_onset=0.5)
+
+
+def test_the_plot_s_skips_follow_the_map_in_force_at_each_step():
+    """A map that changes at step 4 (`0 0 0 0` to `0 1 1 1`) before an onset at step 6: positions 1-3 are repeats
+    first, 2-3 after; the change points are recomputed from the history alone."""
+    records = [{"step": 0, "map": [0, 0, 0, 0]}, {"step": 4, "map": [0, 1, 1, 1]}]
+    assert skipped_over_training(records, 12, 12, 0.5, "onset") == [
+        {"step": 0, "skipped": [1, 2, 3]}, {"step": 4, "skipped": [2, 3]}, {"step": 6, "skipped": None},
+    ]  # fmt: skip
+    assert skipped_over_training(records, 3, 12, 0.5, "onset") == [{"step": 0, "skipped": [1, 2, 3]}]  # stopped early
+    assert skipped_over_training(records, 12, 12, None, None, fixed=[3]) == [{"step": 0, "skipped": [3]}]
+    assert skipped_over_training(records, 12, 12, None, None) == []
+
+
+@pytest.mark.parametrize("loop_onset, grey", [(0.5, True), (None, False)])
+def test_the_tying_plot_greys_the_positions_a_run_skipped(tmp_path, loop_onset, grey):
+    import matplotlib.image
+
+    trainer = make_trainer(tmp_path, tying_strategy="static:0,1,1,1", max_steps=4, loop_onset=loop_onset)
+    trainer.train()
+    trainer.save_model()
+    image = matplotlib.image.imread(tmp_path / "tying_map.png")[..., :3]
+    light_grey = (abs(image - 211 / 255) < 0.01).all(axis=-1)  # matplotlib's "lightgrey", #d3d3d3
+    assert bool(light_grey.sum() > 1000) is grey

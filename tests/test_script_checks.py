@@ -343,3 +343,33 @@ def test_a_model_type_alone_runs_the_embedded_default_with_a_model_of_that_type(
     assert model_args.config_overrides == f"{small_size_overrides(TIED_MODELS['tied_llama'][0].config_class)},max_position_embeddings=64"
     model_args, _, _ = parse_arguments(CAUSAL_LM, ["--model_type", "tied_llama", "--config_overrides", "num_hidden_layers=2", "--output_dir", str(tmp_path)])
     assert model_args.config_overrides.endswith(",max_position_embeddings=64,num_hidden_layers=2")  # the user's keys win
+
+
+def test_the_looped_flags_set_the_config_from_scratch_and_a_checkpoint_s_depth(tmp_path):
+    """`--skipped_positions` chooses a run's depth on any model (`none`: all of a checkpoint saved with skips); the
+    recipe flags build a new model's config; a checkpoint's recipe is its own."""
+    model_args, _, _ = parse_arguments(
+        CAUSAL_LM, ["--tying_strategy", "static:cycle:2", "--loop_residual_scale", "--loop_input_injection", "--skipped_positions", "4,5"]
+    )
+    assert model_args.looped_config == {"loop_residual_scale": True, "loop_input_injection": True, "skipped_positions": [4, 5]}
+    tokenizer = load_tokenizer("shakespeare-bpe")
+    model = load_model("tied_gpt2", tokenizer, config_overrides=model_args.config_overrides, looped_config=model_args.looped_config)
+    assert (model.config.loop_residual_scale, model.config.loop_input_injection, model.config.skipped_positions) == (True, True, [4, 5])
+    model.save_pretrained(tmp_path)
+    for text, expected in (("none", None), ("3,4,5", [3, 4, 5])):
+        looped_config = parse_arguments(CAUSAL_LM, ["--model_name_or_path", str(tmp_path), "--skipped_positions", text, "--output_dir", "o", "--do_eval"])[0].looped_config
+        assert load_model("tied_gpt2", tokenizer, str(tmp_path), looped_config=looped_config).config.skipped_positions == expected
+    with pytest.raises(ValueError, match=r"--skipped_positions\[0\] = 6 is not a position of this 6-block model"):
+        load_model("tied_gpt2", tokenizer, str(tmp_path), looped_config={"skipped_positions": [6]})
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--skipped_positions", "4;5"], r"--skipped_positions '4;5': expected comma-separated block positions such as '4,5', or 'none'"),
+        (["--model_name_or_path", ".", "--loop_residual_scale"], r"--loop_residual_scale only applies when training from scratch"),
+    ],
+)
+def test_malformed_or_misplaced_looped_flags_are_named(flags, message):
+    with pytest.raises(ValueError, match=message):
+        parse_arguments(CAUSAL_LM, [*flags, "--output_dir", "o"])

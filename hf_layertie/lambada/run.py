@@ -102,7 +102,9 @@ def _evaluate_and_fine_tune(
     model_type = tied_model_type(model_args.model_name_or_path, model_args.model_type, **hub_options)
     if model_type not in tied_model_types(AutoModelForCausalLM):
         raise ValueError(f"--model_name_or_path {model_args.model_name_or_path}: LAMBADA needs a causal model, got {model_type!r}")
-    model = load_model(model_type, tokenizer, model_args.model_name_or_path, **model_args.loading_options, **hub_options)
+    model = load_model(
+        model_type, tokenizer, model_args.model_name_or_path, looped_config=model_args.looped_config, **model_args.loading_options, **hub_options
+    )
     card = {"dataset_names": ["lambada"], "base_model": model_args.model_name_or_path}
 
     if training_args.do_train:

@@ -369,6 +369,7 @@ def _load_model(task: LanguageModelingTask, model_args: ModelArguments, tokenize
         tokenizer,
         model_args.model_name_or_path,
         model_args.config_overrides,
+        looped_config=model_args.looped_config,
         **model_args.loading_options,
         **model_args.hub_options,
     )

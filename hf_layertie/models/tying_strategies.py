@@ -16,7 +16,7 @@ Spec strings (`parse_strategy("cycle:4", num_blocks=12)`):
   on each of 10 (`--preset depth-fresh`), `0 1 1 1 4` above 3 untied blocks on each of 5 (`--preset
   partial-depth`), where looping block 0 instead cost and loops over 6 positions sank on some seeds
   (`bench/README.md`, "A recipe that trains tied models reliably" and "Mild loops at equal parameters"). A step
-  computes every position: the saving is memory, not time. In language modeling, nothing measured has beaten U
+  computes every position it does not skip (`config.skipped_positions`): the saving is memory, not time. In language modeling, nothing measured has beaten U
   untied blocks.
 """
 

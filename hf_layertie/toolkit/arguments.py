@@ -13,6 +13,7 @@ import yaml
 from transformers import HfArgumentParser
 
 from ..models import TIED_MODELS
+from ..models.configuration_tying import LOOP_RECIPE_FIELDS
 from ..trainer.training_args import TyingTrainingArguments
 from .models import (
     ATTN_IMPLEMENTATIONS,
@@ -60,6 +61,28 @@ class ModelArguments:
             "default they are applied after its own."
         },
     )
+    skipped_positions: str | None = field(
+        default=None,
+        metadata={
+            "help": "Looped models: block positions this run leaves out (the identity), comma-separated, in training "
+            "and evaluation: '4,5' runs a cycle:2 model of 6 positions at 2 loops instead of 3. 'none' computes every "
+            "position of a checkpoint saved with some skipped. Default: the config's (from scratch: none)."
+        },
+    )
+    loop_residual_scale: bool = field(
+        default=False,
+        metadata={
+            "help": "From scratch only (a checkpoint keeps its own): scale each block's update by 1/N, N the positions "
+            "computing its weights (config.loop_residual_scale; arXiv 2606.18524)."
+        },
+    )
+    loop_input_injection: bool = field(
+        default=False,
+        metadata={
+            "help": "From scratch only (a checkpoint keeps its own): add the token embeddings to the input of every "
+            "repeated position, as Huginn and Ouro do (config.loop_input_injection)."
+        },
+    )
     tokenizer_name: str | None = field(
         default=None,
         metadata={
@@ -88,12 +111,28 @@ class ModelArguments:
     def __post_init__(self):
         if self.config_overrides is not None and self.model_name_or_path is not None:
             raise ValueError("--config_overrides only applies when training from scratch, not with --model_name_or_path")
+        recipe = [f"--{name}" for name in LOOP_RECIPE_FIELDS if getattr(self, name)]
+        if recipe and self.model_name_or_path is not None:
+            raise ValueError(
+                f"{', '.join(recipe)} only applies when training from scratch: the checkpoint of --model_name_or_path "
+                f"computes with the loop recipe in its config.json, which it was trained with"
+            )
+        self.looped_config  # noqa: B018 (refuses a malformed --skipped_positions before anything loads)
         if self.model_type is not None:
             check_tied_model_type(self.model_type)
         for flag in ("model_name_or_path", "tokenizer_name"):
             if getattr(self, flag) is not None:
                 check_model_source(f"--{flag}", getattr(self, flag))
         check_loading_options(self.torch_dtype, self.attn_implementation)
+
+    @property
+    def looped_config(self) -> dict:
+        """The tied config fields these flags set (`load_model`'s `looped_config`): the loop recipe's switched on, and
+        `skipped_positions` as a list (`[]`: every position computes)."""
+        fields = {name: True for name in LOOP_RECIPE_FIELDS if getattr(self, name)}
+        if self.skipped_positions is not None:
+            fields["skipped_positions"] = parse_positions("--skipped_positions", self.skipped_positions)
+        return fields
 
     @property
     def hub_options(self) -> dict:
@@ -103,6 +142,16 @@ class ModelArguments:
     def loading_options(self) -> dict:
         """How `load_model` builds the model (not for the tokenizer or the config, unlike `hub_options`)."""
         return {"torch_dtype": self.torch_dtype, "attn_implementation": self.attn_implementation}
+
+
+def parse_positions(flag: str, text: str) -> list[int]:
+    """`"4,5"` as a list of positions; `"none"` (or nothing) as the empty list. The model checks their range."""
+    if text.strip().lower() in ("", "none"):
+        return []
+    try:
+        return [int(item) for item in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected comma-separated block positions such as '4,5', or 'none'") from None
 
 
 def changed_from_default(arguments, names) -> list[str]:

@@ -15,6 +15,7 @@ from transformers.utils import is_flash_attn_2_available
 from ..checks import reworded
 from ..data import TokenizerKind, embedded_tokenizer_dir
 from ..models import TIED_MODELS
+from ..models.configuration_tying import check_skipped_positions
 from ..trainer.checkpoint_format import WEIGHTS_FILES
 
 logger = logging.getLogger(__name__)
@@ -141,10 +142,14 @@ def load_model(
     config_overrides: str | None = None,
     torch_dtype: str | None = None,
     attn_implementation: str | None = None,
+    looped_config: dict | None = None,
     **hub_options,
 ) -> PreTrainedModel:
     """A checkpoint (tied, or plain and then loaded untied into the tied class), or a new model of `model_type`
     from scratch, sized to the tokenizer and changed by `config_overrides` (`"n_layer=6,n_embd=128"`).
+
+    `looped_config` (`ModelArguments.looped_config`) sets tied config fields: `skipped_positions` on any model (this
+    run's depth; `[]`: every position), the loop recipe's (`LOOP_RECIPE_FIELDS`) from scratch.
 
     `torch_dtype` (`TORCH_DTYPES`) and `attn_implementation` (`ATTN_IMPLEMENTATIONS`) go to `from_pretrained`, or
     to the type's auto class's `from_config` from scratch; None keeps transformers' default.
@@ -153,13 +158,20 @@ def load_model(
     check_loading_options(torch_dtype, attn_implementation)
     model_class, auto_class = TIED_MODELS[model_type]
     options = _loading_options(torch_dtype, attn_implementation, from_scratch=name_or_path is None)
+    looped_config = dict(looped_config or {})
     if name_or_path is not None:
         model = _from_checkpoint(model_class, name_or_path, **options, **hub_options)
+        if "skipped_positions" in looped_config:
+            model.config.skipped_positions = _checked_positions(looped_config["skipped_positions"], len(model.tied_blocks))
         _fit_embedding_to_tokenizer(model, tokenizer, name_or_path)
         if model.adapted_blocks_sharing_weights():  # relaxed ties, which train adapters and shared weights alike:
             model.requires_grad_(True)  # transformers loads adapters frozen, for inference
         return model
     config = from_scratch_config(model_class.config_class, tokenizer, config_overrides)
+    if "skipped_positions" in looped_config:
+        looped_config["skipped_positions"] = _checked_positions(looped_config["skipped_positions"], config.num_hidden_layers)
+    for name, value in looped_config.items():
+        setattr(config, name, value)
     size = _approximate_parameters(config)
     if size > LARGEST_FROM_SCRATCH:
         raise ValueError(
@@ -168,6 +180,10 @@ def load_model(
             f"'{small_size_overrides(model_class.config_class)}')"
         )
     return auto_class.from_config(config, **options)
+
+
+def _checked_positions(positions: list[int], num_blocks: int) -> list[int] | None:
+    return check_skipped_positions(positions, num_blocks, name="--skipped_positions")
 
 
 def from_scratch_config(config_class: type[PretrainedConfig], tokenizer, config_overrides: str | None = None) -> PretrainedConfig:

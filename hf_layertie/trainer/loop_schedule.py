@@ -16,6 +16,7 @@ checkpoint, before or after the switch, computes exactly what the uninterrupted 
 
 from __future__ import annotations
 
+import bisect
 import math
 
 from ..models.tying_map import TyingMap
@@ -43,3 +44,23 @@ def check_loop_settings(loop_onset: float | None, loop_schedule: str | None) -> 
         raise ValueError(f"loop_onset must be a fraction of max_steps in (0, 1), got {loop_onset!r}")
     if loop_schedule not in LOOP_SCHEDULES:
         raise ValueError(f"loop_schedule must be one of {', '.join(LOOP_SCHEDULES)}, got {loop_schedule!r}")
+
+
+def skipped_over_training(
+    records: list[dict], end_step: int, max_steps: int, onset: float | None, schedule: str | None, fixed: list[int] | None = None
+) -> list[dict]:
+    """What the steps `0 .. end_step - 1` skipped, as change points `{"step", "skipped"}` (`skipped` None: every
+    position), for the tying plot. `records` are the tying history's rows (`step`, `map`); without an onset, the
+    `fixed` positions (the config's) were skipped throughout. Recomputed rather than logged: a function of the step
+    and the map alone (`skipped_positions_at`), so a resumed run draws what the uninterrupted one would."""
+    if onset is None:
+        return [{"step": 0, "skipped": fixed}] if fixed else []
+    steps = [int(record["step"]) for record in records]
+    maps = [TyingMap(record["map"]) for record in records]
+    changes: list[dict] = []
+    for step in range(min(end_step, math.ceil(onset * max_steps)) + 1):
+        in_force = max(bisect.bisect_right(steps, step) - 1, 0)
+        skipped = skipped_positions_at(step, max_steps, maps[in_force], onset, schedule)
+        if not changes or changes[-1]["skipped"] != skipped:
+            changes.append({"step": step, "skipped": skipped})
+    return changes

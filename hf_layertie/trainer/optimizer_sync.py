@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..models.tied_blocks import RetieReport
+from .block_learning_rates import group_by_block_uses
 
 
 def sync_optimizer_with_model(optimizer: torch.optim.Optimizer, model: nn.Module, report: RetieReport) -> None:
@@ -69,7 +70,9 @@ def _regroup(
     dropped: set[nn.Parameter] = frozenset(),
 ) -> None:
     """Each group's model Parameters in `named_parameters()` order, then those it holds from outside the model (a
-    learnable loss weight, say) as they were; `dropped` (what a re-tie removed from the model) leaves."""
+    learnable loss weight, say) as they were; `dropped` (what a re-tie removed from the model) leaves. Under
+    `loop_lr_exponent` each goes to the sibling group of its block's new use count (`group_by_block_uses`)."""
+    group_by_block_uses(optimizer, model, group_of)
     parameters = [parameter for _, parameter in model.named_parameters()]
     known = set(parameters) | dropped
     for index, group in enumerate(optimizer.param_groups):

@@ -22,6 +22,7 @@ from transformers import TrainingArguments
 
 from ..decisions import DECISIONS, TyingDecisions, split_strategy
 from ..dlt.agent_config import AgentSettings
+from .block_learning_rates import check_loop_lr_exponent
 from .loop_schedule import check_loop_settings
 
 # Knowledge distillation: read by `TyingTrainer` under every strategy (`hf_layertie.trainer.distillation`).
@@ -32,7 +33,7 @@ DISTILLATION_SETTINGS = ("distill_from", "distillation_temperature", "distillati
 DISTILLATION_DEFAULTS = {"distillation_temperature": 2.0, "distillation_alpha": 5.0 / 7.0}
 # The depth schedule of looped models (`hf_layertie.trainer.loop_schedule`): read by `TyingTrainer` under every
 # strategy, as the distillation settings are.
-LOOP_SETTINGS = ("loop_onset", "loop_schedule")
+LOOP_SETTINGS = ("loop_onset", "loop_schedule", "loop_lr_exponent")
 
 
 def _setting(help_text: str) -> dataclasses.Field:
@@ -228,6 +229,13 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         default=None,
         metadata={"help": "with loop_onset: 'onset' (the default: all loops at once) or 'progressive' (one pass, then two, ...)."},
     )
+    loop_lr_exponent: float | None = field(
+        default=None,
+        metadata={
+            "help": "looped models: a block used at N positions trains at learning_rate * N ** -loop_lr_exponent (1: "
+            "lr / N, arXiv 2606.18524's per-block rate). Unset: one learning rate for all."
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -237,6 +245,7 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         if self.loop_onset is not None and self.loop_schedule is None:
             self.loop_schedule = "onset"
         check_loop_settings(self.loop_onset, self.loop_schedule)
+        check_loop_lr_exponent(self.loop_lr_exponent)
 
     @classmethod
     def tying_fields(cls) -> list[str]:

@@ -55,6 +55,7 @@ from ..models.adapter_export import is_adapter_layer
 from ..models.tied_blocks import ParameterCounts, TiedBlocksMixin
 from ..models.tying_map import TyingMap
 from ..relaxed_ties import check_lora_rank, holds_adapters, load_relaxed_weights, relax_ties
+from .block_learning_rates import split_by_block_uses
 from .checkpoint_format import (
     TYING_STATE_NAME,
     check_checkpoint_readable,
@@ -72,7 +73,7 @@ from .checkpoint_format import (
 )
 from .compilation import compile_regionally
 from .distillation import Distillation
-from .loop_schedule import skipped_positions_at
+from .loop_schedule import skipped_over_training, skipped_positions_at
 from .non_finite_loss import NonFiniteLossGuard
 from .optimizer_sync import add_to_optimizer, rebuild_data_parallel, sync_optimizer_with_model
 from .training_args import DISTILLATION_SETTINGS, LOOP_SETTINGS, TyingTrainingArguments
@@ -177,6 +178,7 @@ class TyingTrainer(Trainer):
         start = self.decisions.start(self._observation())
         _refuse_moving_relaxed_ties(self.model, args.tying_strategy, decisions_class.changes_map, start)
         _refuse_loop_onset_without_loops(self.model, args.loop_onset)
+        _refuse_loop_lr_without_own_optimizer(self.model, args.loop_lr_exponent, self.optimizer)
         if start is not None:
             self._take(start)
 
@@ -298,6 +300,21 @@ class TyingTrainer(Trainer):
         self.model.config.skipped_positions = skipped_positions_at(
             self.state.global_step, self.state.max_steps, self.model.tying_map, self.args.loop_onset, self.args.loop_schedule
         )
+
+    def create_optimizer(self, model=None) -> torch.optim.Optimizer:
+        """The Trainer's optimizer; under `loop_lr_exponent`, its groups split by block use count, each at its own
+        learning rate (`split_by_block_uses`), before the learning-rate scheduler reads them."""
+        built_here = self.optimizer is None
+        optimizer = super().create_optimizer(model)
+        if built_here and self.args.loop_lr_exponent is not None:
+            split_by_block_uses(optimizer, self.model, self.args.loop_lr_exponent)
+        return optimizer
+
+    def _skipped_over_training(self) -> list[dict]:
+        """The positions the run's steps skipped, as change points for the plot (`skipped_over_training`)."""
+        args = self.args
+        fixed = None if args.loop_onset is not None else self.model.config.skipped_positions
+        return skipped_over_training(self.tying_records, self.state.global_step, self.state.max_steps, args.loop_onset, args.loop_schedule, fixed)
 
     def _get_grad_norm(self, model, grad_norm=None):
         """The Trainer's gradient norm, measured before `optimizer.step()`: the step's losses and this norm are
@@ -745,7 +762,11 @@ class TyingTrainer(Trainer):
         plot = None
         if self._draws_plot and self.tying_records:
             plot = plot_tying_history(
-                self.tying_records, output_dir / TYING_PLOT_NAME, final_step=self.state.global_step, saved_step=self._best_step_loaded
+                self.tying_records,
+                output_dir / TYING_PLOT_NAME,
+                final_step=self.state.global_step,
+                saved_step=self._best_step_loaded,
+                skipped=self._skipped_over_training(),
             )
         evaluated_only = self.state.global_step == 0  # a run that scored the model and trained nothing
         if evaluated_only and checkpoint_step(output_dir):  # a run that trained steps: its card names the training
@@ -877,6 +898,21 @@ def _refuse_loop_onset_without_loops(model, loop_onset: float | None) -> None:
             f"loop_onset={loop_onset} chooses the positions each step skips, and the model's config skips "
             f"{model.config.skipped_positions} already: set model.config.skipped_positions = None first, or leave "
             f"loop_onset unset"
+        )
+
+
+def _refuse_loop_lr_without_own_optimizer(model, loop_lr_exponent: float | None, optimizer) -> None:
+    """`loop_lr_exponent` splits the param groups of the optimizer the Trainer builds, before its scheduler: a tied
+    model, and no optimizer passed in (its scheduler, if any, was built on the groups as they were)."""
+    if loop_lr_exponent is None:
+        return
+    if not isinstance(model, TiedBlocksMixin):
+        raise ValueError(f"loop_lr_exponent={loop_lr_exponent} sets the learning rate of a tied model's blocks; got a {type(model).__name__}")
+    if optimizer is not None:
+        raise ValueError(
+            f"loop_lr_exponent={loop_lr_exponent} splits the param groups of the optimizer the Trainer builds, and "
+            f"optimizers=(...) passed one: leave optimizers unset, or give your optimizer the groups yourself and "
+            f"leave loop_lr_exponent unset"
         )
 
 
