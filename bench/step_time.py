@@ -132,6 +132,7 @@ def measure(settings: BenchSettings, arguments: StepTimeArguments) -> dict:
     untied = untied_label(settings)
     torch.set_num_threads(1)
     datasets.disable_progress_bars()
+    source = provenance()  # the code this process loaded, not what the tree holds at its end
     tokenizer, splits = settings_data(settings)
     load_before = os.getloadavg()
     rounds, maps, skipped = [], {}, {}
@@ -161,7 +162,6 @@ def measure(settings: BenchSettings, arguments: StepTimeArguments) -> dict:
             "positions_ratio": active / settings.max_distinct_blocks,
             "seconds_by_round": [seconds[label] for seconds in rounds],
         }
-    source = provenance()
     return {
         "preset": arguments.preset,
         "untied": untied,

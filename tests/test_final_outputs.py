@@ -125,21 +125,6 @@ def test_a_run_killed_during_its_final_save_finishes_with_every_training_metric(
     assert not (folder / "checkpoint-7").exists()
 
 
-def test_a_finished_run_saved_before_checkpoints_carried_totals_keeps_its_own_summary(finished_run, text_files, tmp_path):
-    """An output folder from an earlier version (no totals in its tying state) that lost `all_results.json`
-    reports the summary `Trainer.train` logged when it finished, not a loss over no steps."""
-    uninterrupted = finished_run[1]
-    folder = copy_of(finished_run, tmp_path)
-    state = torch.load(folder / "tying_state.pt", weights_only=False)
-    del state["training"]
-    torch.save(state, folder / "tying_state.pt")
-    lose(folder, "all_results.json")
-    finished = run(CAUSAL_LM, training_flags(folder, text_files))
-    assert finished["train_loss"] == pytest.approx(uninterrupted["train_loss"], rel=1e-4)  # the log rounds it
-    assert finished["train_runtime"] == pytest.approx(uninterrupted["train_runtime"], rel=1e-3)
-    assert "train_metrics_from_step" not in finished
-
-
 def test_a_run_resumed_from_a_checkpoint_without_totals_says_which_steps_its_metrics_cover(tmp_path):
     ids = torch.randint(0, 100, (32, 16), generator=torch.Generator().manual_seed(0)).tolist()
     data = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})

@@ -22,10 +22,9 @@ from hf_layertie.dlt import PaperAgent
 from hf_layertie.models import TyingMap
 from hf_layertie.trainer import TYING_HISTORY_NAME, TYING_PLOT_NAME, TYING_STATE_NAME
 from hf_layertie.trainer.checkpoint_format import (
+    TYING_STATE_FORMAT_VERSION,
     finished_training_step,
     last_complete_checkpoint,
-    read_tying_state,
-    write_tying_state,
 )
 
 
@@ -384,20 +383,34 @@ def test_resume_from_checkpoint_equals_the_uninterrupted_run(tmp_path):
     assert_records_close(history, uninterrupted.tying_records)
 
 
-def test_a_static_checkpoint_written_without_a_pending_row_still_resumes(tmp_path):
-    # Static and similarity checkpoints kept their decisions as {"rows": [...]} alone before `TyingHistory` kept
-    # every strategy's decisions; those checkpoints load as they are.
-    overrides = dict(tying_strategy="static:cycle:2", max_steps=4, save_strategy="steps", save_steps=2)
+def test_an_unstamped_tying_state_resumes_as_the_uninterrupted_run_and_pre_release_or_newer_ones_are_named(tmp_path):
+    """The tying state is versioned (`format_version`, `migrate_tying_state`): a state of 0.1.0 written before the
+    stamp (layout 0), without the settings added since, resumes as the uninterrupted run; a pre-release layout
+    (without training totals) and a newer one are refused naming the file."""
+    overrides = dict(tying_strategy="dlt", max_steps=8, save_strategy="steps", save_steps=4)
     uninterrupted = make_trainer(tmp_path / "full", **overrides)
     uninterrupted.train()
-    checkpoint = tmp_path / "full" / "checkpoint-2"
-    state = read_tying_state(str(checkpoint))
-    del state["decisions"]["pending_row"]
-    write_tying_state(str(checkpoint), state)
+    checkpoint = tmp_path / "full" / "checkpoint-4"
+    path = checkpoint / TYING_STATE_NAME
+    state = torch.load(path, weights_only=True)
+    assert state["format_version"] == TYING_STATE_FORMAT_VERSION
+    unstamped = {key: value for key, value in state.items() if key != "format_version"}
+    unstamped["settings"] = {name: value for name, value in state["settings"].items() if name not in ("loop_lr_exponent", "distill_from")}
+    torch.save(unstamped, path)  # as written before the stamp, whose digest covers the Trainer's files only
 
     resumed = make_trainer(tmp_path / "resumed", **overrides)
     resumed.train(resume_from_checkpoint=str(checkpoint))
-    assert resumed.tying_records == uninterrupted.tying_records and len(resumed.tying_records) == 1
+    assert resumed.tying_records == uninterrupted.tying_records
+    final, expected = resumed.model.state_dict(), uninterrupted.model.state_dict()
+    assert all(torch.equal(final[name], expected[name]) for name in expected)
+
+    for layout, message in (
+        ({key: value for key, value in unstamped.items() if key != "training"}, r"tying state of a pre-release layout \(without training\)"),
+        ({**state, "format_version": TYING_STATE_FORMAT_VERSION + 1}, rf"tying state format {TYING_STATE_FORMAT_VERSION + 1}, newer than"),
+    ):
+        torch.save(layout, path)
+        with pytest.raises(ValueError, match=rf"{re.escape(str(path))} (holds a|has) {message}"):
+            make_trainer(tmp_path / "again", **overrides).train(resume_from_checkpoint=str(checkpoint))
 
 
 def test_a_strategy_decides_from_what_it_observes_and_returns_the_decision_on_the_main_process():

@@ -118,7 +118,6 @@ class AgentDecisions(TyingDecisions):
         self._commit_step: int | None = None  # commit_after_exploration: no decision from this step on
         # Decisions the exploration schedule spans: those of the run's max_steps when it started, kept on resume.
         self._planned: int | None = None
-        self._resumed_without_plan = False  # restored from a checkpoint saved before plans were
 
     def _initial_map(self, num_blocks: int) -> TyingMap:
         text = self.args.tying_initial_map or "all"
@@ -152,12 +151,6 @@ class AgentDecisions(TyingDecisions):
         planned, deciding = self._planned_decisions(max_steps), self.controller.agent.num_blocks - 1
         if self._planned is None:
             self._planned = planned
-            if self._resumed_without_plan:
-                logger.warning(
-                    f"tying_strategy={self.args.tying_strategy!r}: the checkpoint predates saving the exploration "
-                    f"schedule, which is planned over this run's max_steps={max_steps} ({planned} decisions); if the "
-                    "run was started with another max_steps, exploration follows another schedule from here"
-                )
         elif planned != self._planned:
             logger.warning(
                 f"tying_strategy={self.args.tying_strategy!r}: the checkpoint's exploration schedule spans "
@@ -243,11 +236,11 @@ class AgentDecisions(TyingDecisions):
         """Restore a checkpoint; each process takes back its own part of the open window (the mean of them all when
         the run resumes on another number of processes: the window's mean over processes is then kept)."""
         state = dict(state)
-        if "window_loss_sums" not in state:  # before anything is restored
-            raise ValueError("tying state is missing ['window_loss_sums']; expected the keys of AgentDecisions.state_dict()")
+        missing = [key for key in ("window_loss_sums", "planned_decisions") if key not in state]
+        if missing:  # before anything is restored
+            raise ValueError(f"tying state is missing {missing}; expected the keys of AgentDecisions.state_dict()")
         sums = state.pop("window_loss_sums")
-        self._resumed_without_plan = "planned_decisions" not in state
-        self._planned = state.pop("planned_decisions", None)  # None: planned from this run's max_steps
+        self._planned = state.pop("planned_decisions")
         self.controller.load_state_dict(state)
         if len(sums) == observation.num_processes:
             self._window_loss_sum = sums[observation.process_index]

@@ -151,6 +151,8 @@ class TyingDecisions:
 
     Class attributes:
         mode: the `tying_strategy` word that selects the class ("dlt", "static", ...).
+        argument: what follows `mode:` in `tying_strategy` (`"U"` for `similarity:U`), None for a strategy that
+            takes none.
         settings: the `TyingTrainingArguments` fields the strategy reads, each with the value it takes when left
             unset (`None`: stays unset). `TyingTrainingArguments` refuses every other tying setting, fills these
             defaults, and a resumed run must repeat them.
@@ -159,9 +161,15 @@ class TyingDecisions:
     """
 
     mode: ClassVar[str] = "none"
+    argument: ClassVar[str | None] = None
     settings: ClassVar[dict[str, Any]] = {}
     needs_tied_model: ClassVar[bool] = False
     changes_map: ClassVar[bool] = False
+
+    @classmethod
+    def form(cls) -> str:
+        """How `tying_strategy` selects the strategy: `dlt`, `similarity:U`, ..."""
+        return cls.mode if cls.argument is None else f"{cls.mode}:{cls.argument}"
 
     def __init__(self, args, num_blocks: int):
         self.args = args

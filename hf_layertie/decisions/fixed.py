@@ -48,6 +48,7 @@ class StaticDecisions(_OneDecision):
     """`static:<spec or entries>`: the map is applied when the trainer is built and never changes."""
 
     mode = "static"
+    argument = "<spec or entries>"
 
     @classmethod
     def resolved_settings(cls, args) -> dict[str, Any]:
@@ -85,6 +86,7 @@ class SimilarityDecisions(_OneDecision):
     (`hf_layertie.block_similarity`)."""
 
     mode = "similarity"
+    argument = "U"
     settings = {**_OneDecision.settings, "similarity_warmup_steps": 0}
     changes_map = True
 

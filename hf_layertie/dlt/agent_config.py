@@ -55,8 +55,9 @@ def _variant_help(name: str) -> str:
     return f"None = the variant's value ({'; '.join(values)})."
 
 
-def _setting(help_text: str) -> dataclasses.Field:
-    return field(default=None, metadata={"help": help_text})
+def _setting(help_text: str, choices: tuple[str, ...] | None = None) -> dataclasses.Field:
+    """Unset by default; `choices` reach argparse, which validates the flag and lists them in `--help`."""
+    return field(default=None, metadata={"help": help_text, **({"choices": choices} if choices else {})})
 
 
 @dataclass
@@ -65,7 +66,7 @@ class AgentSettings:
     `TyingTrainingArguments` takes them from the command line under the same names. `None` takes the default
     (`AgentConfig`); the fields are documented there."""
 
-    dlt_variant: str | None = _setting("the agent, 'default' or 'paper'.")
+    dlt_variant: str | None = _setting("the agent, 'default' or 'paper'.", VARIANTS)
     max_distinct_blocks: int | None = _setting("hard cap on blocks owning weights (training memory) at every step.")
     q_gamma: float | None = _setting(f"discount of future rewards. {_variant_help('q_gamma')}")
     epsilon_start: float | None = _setting(f"initial exploration rate. {_variant_help('epsilon_start')}")

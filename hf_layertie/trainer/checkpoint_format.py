@@ -1,8 +1,10 @@
 """The one owner of what a `TyingTrainer` checkpoint holds and when it counts as complete.
 
 A checkpoint (`checkpoint-N/`, and the output folder of a finished run) is the Trainer's files plus
-`tying_state.pt`: the strategy, the settings it ran under, its decisions' state (`TyingDecisions.state_dict`) and
-the run's training totals so far (`TrainingTotals`, under `training`; absent from checkpoints of earlier versions).
+`tying_state.pt`: the strategy, the settings it ran under, its decisions' state (`TyingDecisions.state_dict`), the
+model the run started from and the run's training totals so far (`TrainingTotals`, under `training`), stamped with
+the layout's `format_version`. `read_tying_state` brings every readable layout to the current one in one place
+(`migrate_tying_state`), so that what reads a state finds every key of the current layout.
 The model's `config.json` holds the map of that step. `tying_state.pt` is written last and atomically, for every
 strategy (`none` included), so a checkpoint that has it is complete; one without it was interrupted while saving
 (or a plain Trainer saved it), and a tying run refuses to continue it.
@@ -40,13 +42,21 @@ from transformers.utils import (
 )
 
 from ..checks import reworded
+from ..decisions import DECISIONS, split_strategy
 from ..models.tying_map import TyingMap
+from .training_args import DISTILLATION_SETTINGS, LOOP_SETTINGS
 
 logger = logging.getLogger(__name__)
 
 TYING_STATE_NAME = "tying_state.pt"
-# What `TyingTrainer` writes into `tying_state.pt`.
-TYING_STATE_KEYS = frozenset({"tying_strategy", "settings", "decisions"})
+# The layout `write_tying_state` writes. 1: the first stamped (hf-layertie 0.1.0); a change of layout raises it and
+# adds its step to `migrate_tying_state`.
+TYING_STATE_FORMAT_VERSION = 1
+# What every layout since 0 holds (0: the unstamped states of 0.1.0 before versions, which hold 1's keys);
+# `checkpoint_sha256` is there too in a `checkpoint-N` (a finished run's folder is saved without one).
+TYING_STATE_KEYS = frozenset({"tying_strategy", "settings", "decisions", "starting_model", "training"})
+# What makes a file a tying state of any layout, pre-release ones included.
+_EVERY_LAYOUTS_KEYS = frozenset({"tying_strategy", "settings", "decisions"})
 # Any of these holds a checkpoint's weights; a PEFT model's checkpoint holds only its adapters, beside their config.
 WEIGHTS_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME)
 ADAPTER_WEIGHTS_FILES = (ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME)
@@ -54,15 +64,17 @@ _CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
 
 def write_tying_state(folder: str | Path, state: dict) -> None:
-    """Write `state` as `folder/tying_state.pt`, atomically: a kill leaves the old file or none, never half of one."""
+    """Write `state` as `folder/tying_state.pt` in the current layout (`TYING_STATE_FORMAT_VERSION`), atomically: a
+    kill leaves the old file or none, never half of one."""
     partial = os.path.join(folder, TYING_STATE_NAME + ".partial")
     with explain_write_errors(folder):
-        torch.save(state, partial)
+        torch.save({**state, "format_version": TYING_STATE_FORMAT_VERSION}, partial)
         os.replace(partial, os.path.join(folder, TYING_STATE_NAME))
 
 
 def read_tying_state(checkpoint: str | Path) -> dict | None:
-    """The checkpoint's `tying_state.pt` (None when it has none), or one error naming the file."""
+    """The checkpoint's `tying_state.pt` in the current layout (None when it has none), or one error naming the
+    file."""
     path = os.path.join(checkpoint, TYING_STATE_NAME)
     if not os.path.isfile(path):
         return None
@@ -70,9 +82,35 @@ def read_tying_state(checkpoint: str | Path) -> dict | None:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for a truncated or foreign file
         raise ValueError(f"{path} is not a readable tying state ({type(error).__name__}: {error})") from None
-    if not isinstance(state, dict) or not TYING_STATE_KEYS <= state.keys():
-        raise ValueError(f"{path} is not a tying state: expected a dict with the keys {sorted(TYING_STATE_KEYS)}")
-    return state
+    if not isinstance(state, dict) or not _EVERY_LAYOUTS_KEYS <= state.keys():
+        raise ValueError(f"{path} is not a tying state: expected a dict with the keys {sorted(_EVERY_LAYOUTS_KEYS)}")
+    return migrate_tying_state(state, path)
+
+
+def migrate_tying_state(state: dict, path: str) -> dict:
+    """`state` (read from `path`) in the current layout, or one error naming the file and what to do.
+
+    - A newer layout than this version writes is refused: its keys may mean what this version cannot know.
+    - Layout 0 (unstamped) becomes 1 as it is, once it holds `TYING_STATE_KEYS`; a tying setting added since a
+      state was saved gets the value that run had, its default (the strategy's, unset for the others). States of
+      the pre-release layouts before it, without training totals or the starting model, are refused: no release
+      ever wrote them.
+    """
+    version = state.get("format_version", 0)
+    if not isinstance(version, int) or version > TYING_STATE_FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has tying state format {version!r}, newer than this hf-layertie reads "
+            f"({TYING_STATE_FORMAT_VERSION}): upgrade hf-layertie to resume it"
+        )
+    missing = sorted(TYING_STATE_KEYS - state.keys())
+    if missing:
+        raise ValueError(
+            f"{path} holds a tying state of a pre-release layout (without {', '.join(missing)}), which this version "
+            f"does not resume: train into a new output_dir, or resume with the version that saved it"
+        )
+    decisions = DECISIONS.get(split_strategy(state["tying_strategy"])[0])
+    defaults = {**(decisions.settings if decisions is not None else {}), **dict.fromkeys((*DISTILLATION_SETTINGS, *LOOP_SETTINGS))}
+    return {**state, "settings": {**defaults, **state["settings"]}, "format_version": TYING_STATE_FORMAT_VERSION}
 
 
 def checkpoint_digest(folder: str | Path) -> str | None:
@@ -93,9 +131,8 @@ def checkpoint_digest(folder: str | Path) -> str | None:
 
 def check_tying_state_belongs(checkpoint: str | Path, state: dict | None) -> None:
     """Refuse a checkpoint whose `tying_state.pt` was saved beside another trainer state and weights (`checkpoint_digest`:
-    copied from another run or step): resuming would take that run's decisions and training totals. States saved before the digest was
-    recorded, and a finished run's output folder (its trainer state is written after the tying state), are not
-    checked."""
+    copied from another run or step): resuming would take that run's decisions and training totals. A finished run's
+    output folder (its trainer state is written after the tying state, without a digest) is not checked."""
     saved = None if state is None else state.get("checkpoint_sha256")
     if saved is not None and saved != checkpoint_digest(checkpoint):
         raise ValueError(
@@ -114,11 +151,11 @@ def starting_model(model) -> str:
 
 def check_resumes_starting_model(checkpoint: str | Path, state: dict | None, untie_init: str | None, model) -> None:
     """Refuse to continue an `untie_init="own"` run with a model loaded from elsewhere than the one it started from
-    (`state["starting_model"]`; a state saved before it was recorded is not checked): blocks it unties would take
-    the other model's weights."""
-    saved = None if state is None else state.get("starting_model")
-    current = starting_model(model)
-    if untie_init != "own" or saved is None or saved == current:
+    (`state["starting_model"]`): blocks it unties would take the other model's weights."""
+    if untie_init != "own" or state is None:
+        return
+    saved, current = state["starting_model"], starting_model(model)
+    if saved == current:
         return
     raise ValueError(
         f"cannot resume from {checkpoint}: its run (untie_init='own') started from {_model_origin(saved)} and unties "

@@ -21,9 +21,13 @@ from types import MappingProxyType
 from transformers import TrainingArguments
 
 from ..decisions import DECISIONS, TyingDecisions, split_strategy
+from ..decisions.agent import REWARD_SOURCES, UNTIE_INITS
 from ..dlt.agent_config import AgentSettings
+from ..dlt.reward import REWARD_KINDS
+from ..models.configuration_tying import TIE_INITS
+from ..relaxed_ties import LORA_INITS
 from .block_learning_rates import check_loop_lr_exponent
-from .loop_schedule import check_loop_settings
+from .loop_schedule import LOOP_SCHEDULES, check_loop_settings
 
 # Knowledge distillation: read by `TyingTrainer` under every strategy (`hf_layertie.trainer.distillation`).
 DISTILLATION_SETTINGS = ("distill_from", "distillation_temperature", "distillation_alpha")
@@ -36,9 +40,11 @@ DISTILLATION_DEFAULTS = {"distillation_temperature": 2.0, "distillation_alpha": 
 LOOP_SETTINGS = ("loop_onset", "loop_schedule", "loop_lr_exponent")
 
 
-def _setting(help_text: str) -> dataclasses.Field:
-    """A strategy setting: unset by default; `_with_strategy_help` completes its help from the registry."""
-    return field(default=None, metadata={"help": help_text})
+def _setting(help_text: str, choices: tuple[str, ...] | None = None) -> dataclasses.Field:
+    """A strategy setting: unset by default; `_with_strategy_help` completes its help from the registry. `choices`
+    (an enumerated setting's values, from the module that checks them) reach argparse, which validates the flag and
+    lists them in `--help`."""
+    return field(default=None, metadata={"help": help_text, **({"choices": choices} if choices else {})})
 
 
 def _with_strategy_help(cls):
@@ -174,25 +180,27 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
     """
 
     tying_strategy: str = field(
-        default="dlt", metadata={"help": "dlt | random | static:<spec or entries> | similarity:U | none"}
+        default="dlt", metadata={"help": " | ".join(decisions.form() for decisions in DECISIONS.values())}
     )
     tying_initial_map: str | None = _setting("start map, a spec ('all') or entries ('0 0 2 2'). Default: all tied.")
     tying_interval: int | None = _setting("k, optimizer steps between two tying decisions.")
-    reward_source: str | None = _setting("'train' (free) or 'held_out' (a fixed batch).")
-    reward_kind: str | None = _setting("'negative_loss' or 'clipped_negative_perplexity' (default: the variant's).")
+    reward_source: str | None = _setting("'train' (free) or 'held_out' (a fixed batch).", REWARD_SOURCES)
+    reward_kind: str | None = _setting("'negative_loss' or 'clipped_negative_perplexity' (default: the variant's).", REWARD_KINDS)
     commit_after_exploration: bool | None = _setting("default agent: stop deciding once exploration ends.")
     reward_block_cost: float | None = _setting("reward cost in nats per block owning weights.")
     reward_batch_size: int | None = _setting("with reward_source='held_out': examples scored (default: 16).")
     similarity_warmup_steps: int | None = _setting("independent steps before the blocks are compared.")
     tie_init: str | None = _setting(
         "groups of the first map start from their first block's weights ('root') or their blocks' mean ('mean': "
-        "converting a trained model)."
+        "converting a trained model).",
+        TIE_INITS,
     )
     lora_rank: int | None = _setting("relaxed ties, a LoRA of this rank per block position on the shared weights.")
-    lora_init: str | None = _setting("with lora_rank: 'svd' (the default: what the tie took from each position) or 'zero'.")
+    lora_init: str | None = _setting("with lora_rank: 'svd' (the default: what the tie took from each position) or 'zero'.", LORA_INITS)
     untie_init: str | None = _setting(
         "an untied block starts from a copy of its source ('source') or from its own weights at the start of "
-        "training ('own': a converted trained model)."
+        "training ('own': a converted trained model).",
+        UNTIE_INITS,
     )
     tying_plot: bool = field(default=True, metadata={"help": "Write tying_map.png next to saved models."})
     distill_from: str | None = field(
@@ -227,7 +235,10 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
     )
     loop_schedule: str | None = field(
         default=None,
-        metadata={"help": "with loop_onset: 'onset' (the default: all loops at once) or 'progressive' (one pass, then two, ...)."},
+        metadata={
+            "help": "with loop_onset: 'onset' (the default: all loops at once) or 'progressive' (one pass, then two, ...).",
+            "choices": LOOP_SCHEDULES,
+        },
     )
     loop_lr_exponent: float | None = field(
         default=None,
@@ -320,11 +331,11 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         if not isinstance(self.tying_strategy, str):
             raise ValueError(f"tying_strategy must be a string, got {self.tying_strategy!r}")
         if self.tying_mode not in DECISIONS:
-            raise ValueError(
-                f"tying_strategy={self.tying_strategy!r}: expected 'dlt', 'random', 'static:<spec>', 'similarity:U' or 'none'"
-            )
-        if split_strategy(self.tying_strategy)[1] and self.tying_mode not in ("static", "similarity"):
-            raise ValueError(f"tying_strategy={self.tying_strategy!r}: only 'static' and 'similarity' take a ':' argument")
+            forms = [repr(decisions.form()) for decisions in DECISIONS.values()]
+            raise ValueError(f"tying_strategy={self.tying_strategy!r}: expected {', '.join(forms[:-1])} or {forms[-1]}")
+        if split_strategy(self.tying_strategy)[1] and self.decisions_class.argument is None:
+            taking = [repr(mode) for mode, decisions in DECISIONS.items() if decisions.argument is not None]
+            raise ValueError(f"tying_strategy={self.tying_strategy!r}: only {' and '.join(taking)} take a ':' argument")
         decisions = self.decisions_class
         ignored = [name for name in self.settings_unread_by(self.tying_strategy) if getattr(self, name) is not None]
         if ignored:

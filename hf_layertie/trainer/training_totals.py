@@ -28,18 +28,9 @@ class TrainingTotals:
 
     @classmethod
     def saved_in(cls, tying_state: dict | None, step: int) -> TrainingTotals:
-        """The totals of a checkpoint saved at `step` with `tying_state` (None: it has no tying state)."""
-        saved = (tying_state or {}).get("training")
-        return cls(**saved) if saved is not None else cls(start_step=step)
-
-    @classmethod
-    def summarised_in(cls, log_history: list[dict]) -> TrainingTotals | None:
-        """The totals a finished run's own summary (`Trainer.train`'s last log entry) gives, for an output folder
-        saved before checkpoints carried totals; None without one."""
-        summary = next((entry for entry in reversed(log_history) if "train_runtime" in entry and "train_loss" in entry), None)
-        if summary is None:
-            return None
-        return cls(loss_sum=summary["train_loss"] * summary["step"], runtime=summary["train_runtime"])
+        """The totals of a checkpoint saved at `step` with `tying_state` (None: it has no tying state, a plain
+        Trainer's checkpoint: counted from its step)."""
+        return cls(**tying_state["training"]) if tying_state is not None else cls(start_step=step)
 
     def plus(self, loss_sum: float, runtime: float) -> TrainingTotals:
         """These totals with one more sitting's."""

@@ -65,9 +65,9 @@ class TyingHistory:
 
     def load_state_dict(self, state: dict) -> None:
         """The run goes on from a checkpoint: its decisions replace these, and the file is rewritten from its
-        completed rows at the next flush. `pending_row` may be missing (static and similarity checkpoints)."""
+        completed rows at the next flush."""
         self.decisions = [Decision.from_row(row) for row in state["rows"]]
-        if state.get("pending_row") is not None:
+        if state["pending_row"] is not None:
             self.decisions.append(Decision.from_row(state["pending_row"], pending=True))
         self._unwritten = list(state["rows"])
         self._started = False

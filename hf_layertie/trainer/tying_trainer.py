@@ -76,7 +76,7 @@ from .distillation import Distillation
 from .loop_schedule import skipped_over_training, skipped_positions_at
 from .non_finite_loss import NonFiniteLossGuard
 from .optimizer_sync import add_to_optimizer, rebuild_data_parallel, sync_optimizer_with_model
-from .training_args import DISTILLATION_SETTINGS, LOOP_SETTINGS, TyingTrainingArguments
+from .training_args import LOOP_SETTINGS, TyingTrainingArguments
 from .training_totals import TrainingTotals
 from .tying_history import TyingHistory
 from .tying_plot import plot_tying_history, require_matplotlib
@@ -377,8 +377,6 @@ class TyingTrainer(Trainer):
         logger.warning(f"{checkpoint} is at max_steps={self.args.max_steps} already: finishing the run from it, training no step")
         self._load_from_checkpoint(checkpoint)
         self.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
-        if self._totals.start_step:  # saved without totals: a finished run's folder from before they existed
-            self._totals = TrainingTotals.summarised_in(self.state.log_history) or self._totals
         self._finish_decisions()
         # From the last checkpoint, as the run would have ended uninterrupted; a finished run's output folder holds
         # the best model already. A best checkpoint gone since is left, as the Trainer leaves it (with a warning).
@@ -666,7 +664,7 @@ class TyingTrainer(Trainer):
         if state is not None:
             # The strategy's state beside the run's decisions (their keys as `TyingHistory.state_dict` writes them).
             saved = dict(state["decisions"])
-            self.history.load_state_dict({"rows": saved.pop("rows"), "pending_row": saved.pop("pending_row", None)})
+            self.history.load_state_dict({"rows": saved.pop("rows"), "pending_row": saved.pop("pending_row")})
             self.decisions.load_state_dict(saved, self._observation())
             # The history on disk restarts from the checkpoint, as the run does.
             self.history.flush(self.args.should_save)
@@ -817,9 +815,7 @@ def check_resumes_saved_settings(args: TyingTrainingArguments, checkpoint: str, 
             f"{TYING_STATE_NAME}, so a plain Trainer saved it or its save was interrupted. {start_afresh}, or "
             f"resume from an earlier, complete checkpoint"
         )
-    # A setting the checkpoint lacks did not exist when it was saved: that run had its default (no distillation).
-    defaults = {**args.decisions_class.settings, **dict.fromkeys(DISTILLATION_SETTINGS), **dict.fromkeys(LOOP_SETTINGS)}
-    saved = {"tying_strategy": state["tying_strategy"], **defaults, **state["settings"]}
+    saved = {"tying_strategy": state["tying_strategy"], **state["settings"]}  # every setting (`migrate_tying_state`)
     # Under another strategy the other settings are moot: name the strategy alone.
     names = ["tying_strategy"] if saved["tying_strategy"] != wanted["tying_strategy"] else list(wanted)
     differing = [f"{name}={saved.get(name)!r} there, {wanted[name]!r} here" for name in names if saved.get(name) != wanted[name]]
