@@ -3,7 +3,7 @@ through re-ties and a resume, and the refusals."""
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from test_loop_schedule import assert_resuming_equals_the_uninterrupted_run
 from test_tying_trainer import make_trainer, tiny_model, token_dataset, tying_args
 from transformers import TrainerCallback
 
@@ -65,18 +65,7 @@ def test_the_groups_follow_every_retie_and_a_resumed_run_equals_the_uninterrupte
     whole.add_callback(watcher)
     whole.train()
     assert len(watcher.maps) >= 3 and watcher.group_counts == {2 * 4}, watcher.maps  # decay / no decay x 4 counts
-    resumed = make_trainer(tmp_path / "resumed", **settings)
-    resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-4"))
-    final = load_file(tmp_path / "whole" / "checkpoint-8" / "model.safetensors")
-    again = resumed.model.state_dict()
-    assert all(torch.equal(again[name], tensor) for name, tensor in final.items())
-
-
-def test_a_resumed_run_must_repeat_the_exponent(tmp_path):
-    settings = dict(tying_strategy="static:0,1,1,1", max_steps=4, save_strategy="steps", save_steps=2)
-    make_trainer(tmp_path / "run", **settings, loop_lr_exponent=1.0).train()
-    with pytest.raises(ValueError, match=r"loop_lr_exponent=1\.0 there, None here"):
-        make_trainer(tmp_path / "again", **settings).train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
+    assert_resuming_equals_the_uninterrupted_run(tmp_path, settings, resume_step=4, trained=True)
 
 
 @pytest.mark.parametrize("value", [0, -1.0, True, float("inf")])

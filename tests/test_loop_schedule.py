@@ -55,21 +55,32 @@ def test_repeated_positions_compute_from_the_step_their_schedule_says(tmp_path, 
     assert trainer.model.config.skipped_positions is None  # the trained model computes every position
 
 
-def test_a_run_resumed_before_the_switch_equals_the_uninterrupted_run(tmp_path):
-    settings = dict(tying_strategy="static:0,1,1,1", max_steps=6, loop_onset=0.5, save_strategy="steps", save_steps=2)
-    make_trainer(tmp_path / "whole", **settings).train()
+def assert_resuming_equals_the_uninterrupted_run(tmp_path, settings: dict, resume_step: int, trained: bool = False) -> None:
+    """Train `settings` whole into tmp_path/whole (unless `trained` there already), train them again from checkpoint
+    `resume_step`: the final weights are equal."""
+    if not trained:
+        make_trainer(tmp_path / "whole", **settings).train()
     resumed = make_trainer(tmp_path / "resumed", **settings)
-    resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))  # the switch comes at step 3
-    whole = load_file(tmp_path / "whole" / "checkpoint-6" / "model.safetensors")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / f"checkpoint-{resume_step}"))
+    whole = load_file(tmp_path / "whole" / f"checkpoint-{settings['max_steps']}" / "model.safetensors")
     again = resumed.model.state_dict()
     assert all(torch.equal(again[name], tensor) for name, tensor in whole.items())
 
 
-def test_a_resumed_run_must_repeat_the_loop_settings(tmp_path):
+def test_a_run_resumed_before_the_switch_equals_the_uninterrupted_run(tmp_path):
+    settings = dict(tying_strategy="static:0,1,1,1", max_steps=6, loop_onset=0.5, save_strategy="steps", save_steps=2)
+    assert_resuming_equals_the_uninterrupted_run(tmp_path, settings, resume_step=2)  # the switch comes at step 3
+
+
+@pytest.mark.parametrize("saved, given, message", [
+    (dict(loop_onset=0.5), dict(loop_onset=0.25), r"loop_onset=0\.5 there, 0\.25 here"),
+    (dict(loop_lr_exponent=1.0), {}, r"loop_lr_exponent=1\.0 there, None here"),
+])  # fmt: skip
+def test_a_resumed_run_must_repeat_the_loop_settings(tmp_path, saved, given, message):
     settings = dict(tying_strategy="static:0,1,1,1", max_steps=4, save_strategy="steps", save_steps=2)
-    make_trainer(tmp_path / "run", **settings, loop_onset=0.5).train()
-    with pytest.raises(ValueError, match=r"loop_onset=0\.5 there, 0\.25 here"):
-        make_trainer(tmp_path / "again", **settings, loop_onset=0.25).train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
+    make_trainer(tmp_path / "run", **settings, **saved).train()
+    with pytest.raises(ValueError, match=message):
+        make_trainer(tmp_path / "again", **settings, **given).train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
 
 
 @pytest.mark.parametrize(
