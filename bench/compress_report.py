@@ -138,7 +138,7 @@ def _one_teacher(run: dict, other: dict) -> bool:
     on a fresh machine, and one trained again by later code measures differently (by up to 0.03 nats here), while the
     same code trains it again bit-identical (checked on seed 1's language-modeling teacher); the same teacher, read
     twice, measures the same to the last digit. (Records made before the loss-count fix hold their
-    teacher's loss multiplied by 64/63, `bench/correct_loss_count.py`, as the teachers' own files do not; no teacher
+    teacher's loss multiplied by 64/63 (`bench.provenance.CORRECTION_FIELD`), as the teachers' own files do not; no teacher
     trained before that fix is left to be read again.)"""
     mine, theirs = run.get("teacher_test_loss"), other.get("teacher_test_loss")
     return mine is None or theirs is None or mine == theirs

@@ -6,7 +6,7 @@
 
 The task is `hf_layertie.data.hop_induction` (Sanford et al.'s k-hop induction, a label at every position), chosen
 because its depth need is known: a model of depth L is shown to reach about 2^(L-2) hops. Every run is one
-`bench/multihop_probe.py` process (one thread, GPT-2 of width 64, 5,000 AdamW steps of 32 examples at 1e-3 with
+`bench/hop_probe.py` process (one thread, GPT-2 of width 64, 5,000 AdamW steps of 32 examples at 1e-3 with
 warm-up and linear decay, batches in the seed's order), so the models of a seed see the same batches; its record
 is `bench/results/hop-depth/<row>/seed<S>/result.json`. The rows: untied 2 blocks (the memory budget), untied 4
 blocks (the ceiling), and 4 blocks tied to 2 distinct, looped (`cycle:2`, as looped transformers reuse blocks) and
@@ -97,7 +97,7 @@ def _job(row: Row, seed: int, results_dir: Path) -> Job:
     """One probe process, writing its measurements to `probe.json` in its run folder."""
     run_dir = _run_dir(results_dir, row, seed)
     command = [
-        sys.executable, str(REPO_ROOT / "bench" / "multihop_probe.py"), "--task_name", "hop_induction", "--task", TASK,
+        sys.executable, str(REPO_ROOT / "bench" / "hop_probe.py"), "--task_name", "hop_induction", "--task", TASK,
         "--n_layer", str(row.n_layer), "--tying_map", row.tying_map, "--steps", str(STEPS), "--seed", str(seed),
         "--result_file", str(run_dir / "probe.json"),
     ]  # fmt: skip

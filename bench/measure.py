@@ -32,7 +32,7 @@ from transformers import (
 
 from hf_layertie.data.embedded import SHAKESPEARE_DIR
 from hf_layertie.decisions import DECISIONS
-from hf_layertie.language_modeling.multihop import evaluate_multihop, hop_task_tokenizer, load_hop_task
+from hf_layertie.language_modeling.generated_tasks import evaluate_hop_task, hop_task_tokenizer, load_hop_task
 from hf_layertie.toolkit.baselines import bigram_loss
 from hf_layertie.toolkit.data import take_first, tokenize_and_group
 from hf_layertie.toolkit.models import load_model, load_tokenizer
@@ -349,8 +349,8 @@ def training_log(log_history: list[dict]) -> list[dict]:
 def hop_accuracy(model, splits: datasets.DatasetDict) -> dict:
     """Accuracy per hop count on the test split (`accuracy_by_hops`, `mean_accuracy`: the mean over hop counts) and
     the mean on validation, where settings are chosen."""
-    test = evaluate_multihop(model, splits["test"], batch_size=100)
-    validation = evaluate_multihop(model, splits["validation"], batch_size=100)
+    test = evaluate_hop_task(model, splits["test"], batch_size=100)
+    validation = evaluate_hop_task(model, splits["validation"], batch_size=100)
     return {
         "accuracy_by_hops": test["accuracy_by_hops"],
         "mean_accuracy": test["mean_accuracy"],

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import torch
 
-from .correct_loss_count import CORRECTION_FIELD
-
 PACKAGES = ("torch", "transformers", "accelerate", "datasets", "peft")
 
 
@@ -87,8 +85,15 @@ def source_lines(records: list[dict]) -> list[str]:
     return lines + _correction_lines(records)
 
 
+# What a record rescaled after it was measured carries: the GPT-2 losses recorded before commit 41678c9 (issue 49),
+# when the Trainer divided by one token per row too many, were multiplied by L / (L - 1) once, by a migration script
+# since removed (`git show 7372745:bench/correct_loss_count.py` holds it, with why the runs' training still stands).
+CORRECTION_FIELD = "loss_count_correction"
+MIGRATION = "`git show 7372745:bench/correct_loss_count.py`"
+
+
 def _correction_lines(records: list[dict]) -> list[str]:
-    """Which losses were rescaled after they were measured (`bench/correct_loss_count.py`), and by what."""
+    """Which losses were rescaled after they were measured (`CORRECTION_FIELD`), and by what."""
     corrections = [record[CORRECTION_FIELD] for record in records if CORRECTION_FIELD in record]
     if not corrections:
         return []
@@ -98,6 +103,7 @@ def _correction_lines(records: list[dict]) -> list[str]:
         "",
         f"Losses of {len(corrections)} of these {len(records)} runs were measured before commit {fixed_in}, when the "
         f"Trainer divided a GPT-2 loss by one token per row too many; they were multiplied by {factors} afterwards "
-        f"(`bench/correct_loss_count.py`), which makes them exact, since every evaluated block is full-length. Their "
+        f"(once, by a migration script since removed: {MIGRATION}), which makes them exact, since every evaluated "
+        f"block is full-length. Their "
         f"training ran as recorded, with gradients scaled by the inverse factor.",
     ]

@@ -15,7 +15,7 @@ from typing import Literal
 
 from transformers import SchedulerType
 
-from hf_layertie.language_modeling.multihop import HOP_TASKS
+from hf_layertie.language_modeling.generated_tasks import HOP_TASKS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_PLAYS_DIR = REPO_ROOT / "bench" / "data" / "shakespeare"
@@ -69,14 +69,14 @@ class BenchSettings:
     # 0: every run trains all `max_steps`.
     early_stopping_patience: int = 0
     # A generated task instead of the plays (preset `depth`): `<name>:<config>` of `hf_layertie.language_modeling.
-    # multihop.HOP_TASKS`, e.g. "hop_induction:length=64,max_hops=4"; every run then also reports accuracy per hop
+    # generated_tasks.HOP_TASKS`, e.g. "hop_induction:length=64,max_hops=4"; every run then also reports accuracy per hop
     # count, and the static layouts are also trained at the budget itself (`<layout> @ U`), not only at DLT's.
     task: str | None = None
     # Issue 53's partial loops instead of the study's strategies (preset `partial`, `partial_loop_runs`): U untied
     # blocks against the same U blocks looped over more positions. No agent, no memory runs.
     partial_loops: bool = False
     # The training recipe (issue 53, part 2): transformers' `lr_scheduler_type` and AdamW's decoupled `weight_decay`.
-    # The study's are cosine and 0.1; bench/multihop_probe.py's plain loop, which trained looped models reliably on
+    # The study's are cosine and 0.1; bench/hop_probe.py's plain loop, which trained looped models reliably on
     # k-hop induction where the study's recipe lost tied seeds, has linear decay and 0.01.
     lr_scheduler_type: str = "cosine"
     weight_decay: float = 0.1
@@ -184,10 +184,10 @@ PRESETS: dict[str, BenchSettings] = {
         memory_batch_size=8, memory_steps=60, memory_tying_interval=2, train_works=("julius_caesar",), dropout=0.2,
         eval_interval=100, max_validation_blocks=64,
     ),  # fmt: skip
-    # A regime where depth matters (bench/README.md, "The multi-hop task"): k-hop induction of 64 letters, 1-4 hops,
-    # where 4 untied blocks of width 64 clearly beat 2 (bench/hop_depth.py); budget U = 2, 5,000 steps of 32
-    # examples at 1e-3 as there, but the study's schedule (cosine, weight decay 0.1) and 1,000 examples per
-    # evaluation split, k = 15. About 6 minutes per run on one core.
+    # A regime where depth matters (bench/README.md, "Where depth matters: k-hop induction"): k-hop induction of 64
+    # letters, 1-4 hops, where 4 untied blocks of width 64 clearly beat 2 (bench/hop_depth.py); budget U = 2, 5,000
+    # steps of 32 examples at 1e-3 as there, but the study's schedule (cosine, weight decay 0.1) and 1,000 examples
+    # per evaluation split, k = 15. About 6 minutes per run on one core.
     "depth": BenchSettings(
         n_layer=4, n_embd=64, n_head=4, block_size=66, max_steps=5000, batch_size=32, learning_rate=1e-3,
         warmup_steps=100, tying_interval=15, max_distinct_blocks=2, seeds=(0, 1, 2, 3, 4), max_test_blocks=None,
@@ -705,7 +705,7 @@ def partial_loop_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
 
 # Issue 53, part 2: the rows a recipe must train reliably. On k-hop induction with the study's recipe (preset
 # `depth`), the looped layouts at 2 of 4 blocks lost 2 of 5 seeds each, while similarity's map `0 1 1 1` trained
-# from scratch lost one; the plain loop of bench/multihop_probe.py trained the looped model on every seed. The
+# from scratch lost one; the plain loop of bench/hop_probe.py trained the looped model on every seed. The
 # looped model comes first: its failing seeds are what the gradient norms are recorded for.
 RECIPE_FIRST = "cycle @ U"
 

@@ -11,6 +11,7 @@ from . import models
 from .model_card import build_model_card, write_model_card
 from .models import *  # noqa: F403 (every tied class, derived from TIED_MODELS, and the tying primitives)
 from .models import TIED_MODELS
+from .serving import save_for_serving
 from .sharding import gather_tied_model, retie_sharded, shard_tied_model
 from .trainer import TyingTrainer, TyingTrainingArguments
 
@@ -29,6 +30,7 @@ __all__ = [
     "build_model_card",
     "gather_tied_model",
     "retie_sharded",
+    "save_for_serving",
     "shard_tied_model",
     "write_model_card",
 ]

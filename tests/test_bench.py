@@ -244,48 +244,20 @@ def test_a_report_mixing_commits_says_which_runs_came_from_which():
     assert source_lines([]) == ["", "Runs came from: no run has finished yet."]
 
 
-def test_losses_recorded_before_the_count_fix_are_corrected_once_and_reports_say_so(tmp_path):
-    """`bench/correct_loss_count.py` on a folder of records from a real history: records of a commit before the
-    fix are multiplied by L / (L - 1) (curve included), later records, Llama records and memory runs are left
-    alone, a second pass changes nothing, and the report's source lines name the correction."""
-    from bench.correct_loss_count import correct_folder
-    from bench.provenance import source_lines
+def test_a_report_names_the_losses_rescaled_after_they_were_measured():
+    """Records carrying `CORRECTION_FIELD` (the loss-count migration of issue 49) are counted and named, with the
+    factor and where the migration is kept."""
+    from bench.provenance import CORRECTION_FIELD, source_lines
 
-    repository = tmp_path / "repo"
-    git = lambda *arguments: subprocess.run(["git", "-C", str(repository), *arguments], capture_output=True, text=True, check=True).stdout.strip()  # noqa: E731
-    repository.mkdir()
-    git("init", "-q")
-    commits = []
-    for message in ("before the fix", "the fix"):
-        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", message)
-        commits.append(git("rev-parse", "HEAD"))
-    before, fixed = commits
-    folder = tmp_path / "results"
-    settings = {"fingerprint": json.dumps({"block_size": 64})}
-    folder.mkdir()
-    (folder / "settings.json").write_text(json.dumps(settings))
-    loss = {"test_loss": 6.3, "validation_loss": 6.0, "test_tokens": 640, "validation_curve": [{"step": 4, "validation_loss": 6.3, "test_loss": 6.6}]}
-    records = {
-        "old": {"commit": before, **loss},
-        "old_dirty": {"commit": before + "+dirty", **loss},
-        "new": {"commit": fixed, **loss},
-        "llama": {"commit": before, "model_type": "tied_llama", **loss},
-        "memory": {"commit": before, "peak_state_bytes": 1},
-    }
-    for name, record in records.items():
-        (folder / name).mkdir()
-        write_complete(folder / name / "result.json", record)
-
-    assert correct_folder(folder, fixed_in=fixed, repository=repository) == (2, 3)
-    assert correct_folder(folder, fixed_in=fixed, repository=repository) == (0, 5)
-    read = {name: json.loads((folder / name / "result.json").read_text()) for name in records}
-    for name in ("old", "old_dirty"):
-        assert read[name]["test_loss"] == pytest.approx(6.3 * 64 / 63) and read[name]["validation_loss"] == pytest.approx(6.0 * 64 / 63)
-        assert read[name]["validation_curve"] == [{"step": 4, "validation_loss": pytest.approx(6.4), "test_loss": pytest.approx(6.6 * 64 / 63)}]
-    for name in ("new", "llama", "memory"):
-        assert read[name] == records[name]
-    lines = source_lines([dict(record, label=name, seed=0, versions={}) for name, record in read.items()])
-    assert f"Losses of 2 of these 5 runs were measured before commit {fixed}" in lines[-1] and "64/63" in lines[-1]
+    correction = {CORRECTION_FIELD: {"factor": 64 / 63, "block_size": 64, "fixed_in": "41678c9"}}
+    records = [
+        {"label": "old", "seed": 0, "commit": "aaa", "versions": {}, **correction},
+        {"label": "new", "seed": 0, "commit": "bbb", "versions": {}},
+    ]
+    lines = source_lines(records)
+    assert "Losses of 1 of these 2 runs were measured before commit 41678c9" in lines[-1] and "64/63" in lines[-1]
+    assert "git show 7372745:bench/correct_loss_count.py" in lines[-1]
+    assert source_lines(records[1:])[-1] == "- commit bbb: new (0)"
 
 
 def test_a_report_names_the_machines_its_runs_recorded_and_counts_each_run_once():

@@ -137,7 +137,7 @@ def test_k_hop_and_lambada_scores_on_two_processes_are_one_process_s(tmp_path):
     # 11 k-hop examples and 7 passages in batches of 3: 4 + 3 batches in all, shared out, none scored twice.
     assert [launched.pop("forward_passes") for launched in ranks] == [4, 3]
     for launched in [*ranks, alone]:  # flat, as pytest.approx compares them
-        launched["multihop"] |= {f"hops {hop}": value for hop, value in launched["multihop"].pop("accuracy_by_hops").items()}
+        launched["k-hop"] |= {f"hops {hop}": value for hop, value in launched["k-hop"].pop("accuracy_by_hops").items()}
     for launched in ranks:
         assert launched["lambada"] == pytest.approx(alone["lambada"]) and launched["lambada"]["lambada_examples"] == 7
-        assert launched["multihop"] == pytest.approx(alone["multihop"])
+        assert launched["k-hop"] == pytest.approx(alone["k-hop"])

@@ -1,16 +1,18 @@
 """k-hop induction: every label is the letter k hops away as the task defines it, aligned for the causal loss, and
 run_clm.py trains and scores it by hop count."""
 
+import json
+
 import pytest
 from huggingface_hub import ModelCard
 
+from hf_layertie.data.generated_tasks import IGNORE_INDEX
 from hf_layertie.data.hop_induction import (
     NO_ANSWER,
     HopInductionConfig,
     hop_induction_datasets,
     hop_induction_tokenizer,
 )
-from hf_layertie.data.multihop import IGNORE_INDEX
 from hf_layertie.language_modeling import CAUSAL_LM, MASKED_LM, run
 
 
@@ -93,7 +95,9 @@ def test_run_clm_trains_and_scores_the_task_by_hop_count(tmp_path, capsys):
         "--disable_tqdm", "true",
     ]  # fmt: skip
     metrics = run(CAUSAL_LM, flags)
-    assert {"eval_mean_accuracy", "eval_accuracy_hops_1", "eval_accuracy_hops_2"} <= metrics.keys()
+    assert {"eval_accuracy", "eval_mean_accuracy", "eval_accuracy_hops_1", "eval_accuracy_hops_2"} <= metrics.keys()
+    assert "eval_bigram_loss" not in metrics  # a count bigram of the task's tokens means nothing
+    assert json.loads((tmp_path / "all_results.json").read_text())["eval_mean_accuracy"] == metrics["eval_mean_accuracy"]
     assert "multi-hop accuracy (16 evaluation examples)" in capsys.readouterr().out
     card = ModelCard.load(tmp_path / "README.md")
     assert card.data.datasets is None  # a generated task is no Hub dataset

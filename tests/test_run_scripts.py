@@ -713,9 +713,9 @@ def test_a_stream_without_a_validation_split_holds_out_the_rows_below_the_percen
         (lambda flags: without(flags, "--max_steps"), "--streaming needs --max_steps to train"),
         (lambda flags: without(flags, "--max_eval_samples"), "--streaming needs --max_eval_samples to evaluate"),
         (
-            lambda flags: ["--dataset_name", "multihop", "--output_dir", flags[flags.index("--output_dir") + 1], "--do_train",
+            lambda flags: ["--dataset_name", "hop_induction", "--output_dir", flags[flags.index("--output_dir") + 1], "--do_train",
                            "--max_steps", "2", "--streaming"],
-            "--streaming reads text data as a stream; --dataset_name multihop is generated in memory",
+            "--streaming reads text data as a stream; --dataset_name hop_induction is generated in memory",
         ),
     ],
     ids=["no_max_steps", "no_max_eval_samples", "generated_task"],

@@ -10,8 +10,7 @@ from test_run_scripts import TINY_GPT2, text_files, tiny_flags  # noqa: F401 (fi
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from hf_layertie import TIED_MODELS
-from hf_layertie.language_modeling import CAUSAL_LM, MASKED_LM, run
-from hf_layertie.language_modeling import multihop as hop_tasks
+from hf_layertie.language_modeling import CAUSAL_LM, MASKED_LM, generated_tasks, run
 from hf_layertie.language_modeling.run import parse_arguments
 from hf_layertie.toolkit import load_tokenizer, tied_model_type
 from hf_layertie.toolkit.models import load_model, small_size_overrides
@@ -32,8 +31,8 @@ def generation_forbidden(monkeypatch):
     def generate(config, seed=0):
         raise AssertionError("examples were generated before the settings were checked")
 
-    for name, (config_class, _, make_tokenizer) in list(hop_tasks.HOP_TASKS.items()):
-        monkeypatch.setitem(hop_tasks.HOP_TASKS, name, (config_class, generate, make_tokenizer))
+    for name, task in list(generated_tasks.HOP_TASKS.items()):
+        monkeypatch.setitem(generated_tasks.HOP_TASKS, name, task._replace(make_datasets=generate))
 
 
 @pytest.fixture(scope="module")
@@ -83,12 +82,21 @@ def test_resuming_an_untie_own_run_from_another_model_is_refused_naming_both(tmp
     assert not (tmp_path / "checkpoint-6").exists()
 
 
-@pytest.mark.parametrize("task", ["multihop", "hop_induction"])
+@pytest.mark.parametrize("task", sorted(generated_tasks.HOP_TASKS))
 @pytest.mark.parametrize("flag", ["--block_size", "--train_file", "--validation_file", "--validation_split_percentage", "--keep_linebreaks"])
 def test_text_only_flags_are_refused_with_a_generated_task(tmp_path, text_files, generation_forbidden, task, flag):
     value = {"--block_size": "32", "--validation_split_percentage": "50", "--keep_linebreaks": "false"}.get(flag, str(text_files / "train.txt"))
     with pytest.raises(ValueError, match=rf"--dataset_name {task} generates its examples.* reads no {flag}\. Leave it unset"):
         run(CAUSAL_LM, tiny_task_flags(tmp_path, task, "", flag, value))
+
+
+@pytest.mark.parametrize("script", [CAUSAL_LM, MASKED_LM], ids=["run_clm", "run_mlm"])
+def test_a_removed_generated_task_is_refused_naming_the_tasks_there_are(tmp_path, generation_forbidden, script):
+    """`multihop` was a generated task: its name is refused as such, not looked up as a Hub dataset."""
+    message = r"--dataset_name multihop: the generated task multihop \(chains of variable references, .*\) is no longer offered; the generated tasks are hop_induction$"
+    with pytest.raises(ValueError, match=message):
+        parse_arguments(script, ["--dataset_name", "multihop", "--output_dir", str(tmp_path), "--do_train"])
+    assert set(generated_tasks.REMOVED_TASKS).isdisjoint(generated_tasks.HOP_TASKS)
 
 
 def test_a_tokenizer_is_refused_with_a_generated_task(tmp_path, generation_forbidden):
@@ -161,7 +169,7 @@ def test_a_settings_file_without_data_or_model_builds_on_the_embedded_default_as
     assert parse_arguments(CAUSAL_LM, [str(path)])[0].config_overrides == "n_layer=2"  # one's own data: no default
 
 
-@pytest.mark.parametrize("task, config", [("multihop", "num_chains=2,num_chains=3"), ("hop_induction", "length=8,max_hops=2,length=9")])
+@pytest.mark.parametrize("task, config", [("hop_induction", "length=8,max_hops=2,length=9")])
 def test_a_task_setting_given_twice_is_refused(tmp_path, generation_forbidden, task, config):
     key = config.split("=")[0]
     with pytest.raises(ValueError, match=rf"--dataset_config_name '{config}': {task} setting '{key}' is given twice"):
@@ -184,14 +192,14 @@ def test_a_model_type_that_disagrees_with_the_checkpoint_is_refused_before_build
     assert tied_model_type(str(checkpoint), "tied_gpt2") == tied_model_type(str(checkpoint)) == "tied_gpt2"
 
 
-@pytest.mark.parametrize("task, tokens", [("multihop", "102,000,000,000"), ("hop_induction", "66,000,000,000")])
+@pytest.mark.parametrize("task, tokens", [("hop_induction", "66,000,000,000")])
 def test_task_sizes_beyond_the_bound_are_refused_before_generating(tmp_path, generation_forbidden, task, tokens):
     message = rf"{task} train_examples=1000000000 makes a split of {tokens} tokens .* pass train_examples=\d+ or less"
     with pytest.raises(ValueError, match=message):
         run(CAUSAL_LM, tiny_task_flags(tmp_path, task, "train_examples=1000000000"))
 
 
-@pytest.mark.parametrize("task, needed", [("multihop", 102), ("hop_induction", 66)])
+@pytest.mark.parametrize("task, needed", [("hop_induction", 66)])
 def test_a_context_too_short_for_the_task_is_refused_before_generating(tmp_path, generation_forbidden, task, needed):
     with pytest.raises(ValueError, match=rf"--dataset_name {task} with the default settings needs {needed} positions; the model has 32"):
         run(CAUSAL_LM, tiny_task_flags(tmp_path, task, ""))
@@ -373,3 +381,28 @@ def test_the_looped_flags_set_the_config_from_scratch_and_a_checkpoint_s_depth(t
 def test_malformed_or_misplaced_looped_flags_are_named(flags, message):
     with pytest.raises(ValueError, match=message):
         parse_arguments(CAUSAL_LM, [*flags, "--output_dir", "o"])
+
+
+TINY_LLAMA_FLAGS = "num_hidden_layers=4,hidden_size=16,num_attention_heads=2,intermediate_size=32,max_position_embeddings=32"
+
+
+@pytest.mark.parametrize(
+    "model_type, overrides, strategy, message",
+    [
+        ("tied_gpt2", TINY_GPT2, "static:cycle:2", r"--serving_output_dir .*: save_for_serving: the looped format is checked for .* this model is a tied_gpt2"),
+        ("tied_llama", TINY_LLAMA_FLAGS, "static:sequence:2", r"--serving_output_dir .*: save_for_serving: the looped format runs U blocks n times"),
+    ],
+)
+def test_serving_output_dir_refuses_what_cannot_be_served_before_training(tmp_path, text_files, model_type, overrides, strategy, message):  # noqa: F811
+    flags = tiny_flags(tmp_path / "run", text_files, overrides, "--model_type", model_type, "--tying_strategy", strategy)
+    with pytest.raises(ValueError, match=message):
+        run(CAUSAL_LM, [*flags, "--serving_output_dir", str(tmp_path / "serving")])
+    assert not (tmp_path / "run" / "checkpoint-2").exists() and not (tmp_path / "serving").exists()
+
+
+def test_serving_output_dir_holds_the_trained_model_s_distinct_blocks_once(tmp_path, text_files):  # noqa: F811
+    flags = tiny_flags(tmp_path / "run", text_files, TINY_LLAMA_FLAGS, "--model_type", "tied_llama", "--tying_strategy", "static:cycle:2")
+    run(CAUSAL_LM, [*flags, "--serving_output_dir", str(tmp_path / "serving")])
+    config = json.loads((tmp_path / "serving" / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["num_loops"]) == (2, 2)
+    assert (tmp_path / "serving" / "tokenizer.json").is_file()

@@ -106,7 +106,7 @@ def test_an_evaluation_shared_out_between_processes_refuses_a_sharded_model(fsdp
     """Each process scores its own batches: FSDP's collective forward would leave them waiting on each other."""
     _, ranks = fsdp_run
     for results in ranks:
-        assert results["evaluation_error"].startswith("evaluate_multihop scores an unsharded model")
+        assert results["evaluation_error"].startswith("evaluate_hop_task scores an unsharded model")
         assert "gather_tied_model(model)" in results["evaluation_error"]
 
 

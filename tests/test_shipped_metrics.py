@@ -97,6 +97,11 @@ def test_perplexity_rejects_bad_input_by_index(perplexity, nlls, counts, message
         perplexity.compute(negative_log_likelihoods=nlls, token_counts=counts)
 
 
+def test_hop_accuracy_reports_accuracy_per_hop_count_and_their_mean():
+    scores = load_metric("hop_accuracy").compute(predictions=[4, 5, 6, 1], references=[4, 5, 7, 1], hops=[1, 2, 2, 3])
+    assert scores == {"accuracy": 0.75, "mean_accuracy": pytest.approx((1 + 0.5 + 1) / 3), "accuracy_by_hops": {1: 1.0, 2: 0.5, 3: 1.0}}
+
+
 def test_an_accuracy_of_no_example_is_refused_clearly():
-    with pytest.raises(ValueError, match="multihop_accuracy needs at least one prediction"):
-        load_metric("multihop_accuracy").compute(predictions=[], references=[], hops=[])
+    with pytest.raises(ValueError, match="hop_accuracy needs at least one prediction"):
+        load_metric("hop_accuracy").compute(predictions=[], references=[], hops=[])

@@ -4,14 +4,14 @@ A sequence of letters (no letter twice in a row) follows a hop-count token `k`. 
 the letter right after the last earlier occurrence of the letter at `i`; the target at `i` is the letter reached
 after `k` hops, or `~` when a hop finds no earlier occurrence. One hop is an induction head (two attention steps);
 a transformer of depth L is shown to reach about 2^(L-2) hops, and small ones trained on it stay near chance beyond
-that (the authors' measured errors, width 128: 2 blocks 0.42 at 4 hops, 4 blocks 0.015). It is the sibling the
-multi-hop issue names for the chains of references (`hf_layertie.data.multihop`), on which no small model learned
-a second hop: here every position is supervised and every example holds many chains of hops.
+that (the authors' measured errors, width 128: 2 blocks 0.42 at 4 hops, 4 blocks 0.015). It replaced a task of
+chains of variable references, on which no small model learned a second hop (bench/README.md, "Before it: chains
+of references"): here every position is supervised and every example holds many chains of hops.
 
-The examples use `multihop`'s columns: `labels` hold each position's target (shifted for the causal loss: the
-model predicts the target of position `i` at position `i`) and `answer_hops` the example's `k` for each of them, so
-`evaluate_multihop` and the `multihop_accuracy` metric report accuracy per hop count. Everything is generated from
-a seed: no download.
+The examples use the generated tasks' columns (`hf_layertie.data.generated_tasks`): `labels` hold each position's
+target (shifted for the causal loss: the model predicts the target of position `i` at position `i`) and
+`answer_hops` the example's `k` for each of them, so `evaluate_hop_task` and the `hop_accuracy` metric report
+accuracy per hop count. Everything is generated from a seed: no download.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import datasets
 import numpy as np
 from transformers import PreTrainedTokenizerFast
 
-from .multihop import IGNORE_INDEX, check_split_sizes, generated_splits, read_task_settings, word_level_tokenizer
+from .generated_tasks import IGNORE_INDEX, check_split_sizes, generated_splits, read_task_settings, word_level_tokenizer
 
 PAD, NO_ANSWER = "<pad>", "~"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from .multihop import HOP_TASKS, check_hop_task_arguments
+from .generated_tasks import HOP_TASKS, check_hop_task_arguments, check_removed_task
 
 DEFAULT_MLM_PROBABILITY = 0.15
 
@@ -21,10 +21,10 @@ class DataTrainingArguments:
 
     dataset_name: str | None = field(
         default=None,
-        metadata={"help": "A `datasets` name, e.g. 'wikitext'; or 'multihop' / 'hop_induction', the generated multi-hop tasks (run_clm.py)."},
+        metadata={"help": "A `datasets` name, e.g. 'wikitext'; or 'hop_induction', the generated k-hop induction task (run_clm.py)."},
     )
     dataset_config_name: str | None = field(
-        default=None, metadata={"help": "e.g. 'wikitext-2-raw-v1'; for multihop / hop_induction their sizes, e.g. 'num_chains=6,max_hops=4' / 'length=64,max_hops=4'."}
+        default=None, metadata={"help": "e.g. 'wikitext-2-raw-v1'; for hop_induction its sizes, e.g. 'length=64,max_hops=4'."}
     )
     train_file: str | None = field(default=None, metadata={"help": "Training data: a .txt, .json/.jsonl or .csv file."})
     validation_file: str | None = field(
@@ -69,8 +69,17 @@ class DataTrainingArguments:
             "unless 0); 0 prints none. The generated tasks print accuracy by hop count instead."
         },
     )
+    serving_output_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Also write the final model here for serving engines, in the looped format of llama.cpp (each "
+            "distinct block stored once; hf_layertie.save_for_serving): a tied Llama whose map is cycle:U. Another "
+            "model or map is refused (before training where the map is fixed); docs/serving.md."
+        },
+    )
 
     def __post_init__(self):
+        check_removed_task(self.dataset_name)
         if self.dataset_name in HOP_TASKS:
             check_hop_task_arguments(self)
             if self.streaming:

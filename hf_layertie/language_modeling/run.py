@@ -25,6 +25,7 @@ from transformers import (
 )
 
 from ..checks import perplexity
+from ..serving import check_looped_class, looped_layout, save_for_serving
 from ..toolkit import (
     ModelArguments,
     bigram_loss,
@@ -55,14 +56,14 @@ from ..toolkit import (
 from ..trainer import TyingTrainer, TyingTrainingArguments, check_resumes_saved_settings
 from ..trainer.checkpoint_format import read_json, read_tying_state
 from .arguments import DataTrainingArguments
-from .multihop import (
+from .generated_tasks import (
     HOP_TASKS,
-    evaluate_multihop,
+    evaluate_hop_task,
     hop_task_label,
+    hop_task_metrics,
     hop_task_tokenizer,
     load_hop_task,
-    multihop_metrics,
-    print_multihop_report,
+    print_hop_task_report,
 )
 
 logger = logging.getLogger(__name__)
@@ -272,6 +273,8 @@ def _train_and_evaluate(
         model_card_kwargs={"dataset_names": [_dataset_label(data_args)], "base_model": model_args.model_name_or_path},
     )
 
+    if data_args.serving_output_dir is not None:
+        _check_servable(trainer, data_args.serving_output_dir)
     metrics: dict[str, float] = {}
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume)
@@ -290,8 +293,8 @@ def _train_and_evaluate(
         eval_metrics["eval_samples"] = len(eval_dataset)
         eval_metrics["perplexity"] = perplexity(eval_metrics["eval_loss"])
         if hop_task:
-            scores = evaluate_multihop(trainer.model, eval_dataset, training_args.per_device_eval_batch_size)
-            eval_metrics.update(multihop_metrics(scores))
+            scores = evaluate_hop_task(trainer.model, eval_dataset, training_args.per_device_eval_batch_size)
+            eval_metrics.update(hop_task_metrics(scores))
         elif not data_args.streaming and trainer.is_world_process_zero():
             # Counted by the process that reports it (save_metrics, the card, the printout): every process would hold
             # the whole training split's tokens again. A stream does not hold a training split to count.
@@ -306,15 +309,27 @@ def _train_and_evaluate(
             settings = json.dumps(_evaluation_settings(data_args, training_args), indent=4, sort_keys=True)
             (Path(output_dir) / EVALUATION_SETTINGS_FILE).write_text(settings)
         metrics.update(eval_metrics)
+    if data_args.serving_output_dir is not None and trainer.is_world_process_zero():
+        layout = save_for_serving(trainer.model, data_args.serving_output_dir, tokenizer)
+        logger.warning(f"Wrote {data_args.serving_output_dir} for serving: {layout.blocks} blocks stored, run {layout.loops} times")
     trainer.create_model_card()  # the card takes eval_loss and perplexity from the last evaluation
     if training_args.push_to_hub:
         trainer.push_to_hub()
     if trainer.is_world_process_zero():
         if hop_task:
-            print_multihop_report(metrics)
+            print_hop_task_report(metrics)
         else:
             _print_report(task, metrics, trainer.model, tokenizer, eval_blocks, data_args.sample_max_new_tokens)
     return metrics
+
+
+def _check_servable(trainer: TyingTrainer, folder: str) -> None:
+    """Refuse `--serving_output_dir` before training where the model cannot be served in the looped format: its class
+    always, its map where the strategy keeps it fixed (one that changes it is checked on the trained model)."""
+    try:
+        (check_looped_class if trainer.args.decisions_class.changes_map else looped_layout)(trainer.model)
+    except ValueError as error:
+        raise ValueError(f"--serving_output_dir {folder}: {error}") from None
 
 
 def _text_data_and_model(task: LanguageModelingTask, model_args: ModelArguments, data_args: DataTrainingArguments):

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import evaluate
 
 METRICS_DIR = Path(__file__).resolve().parent
-METRIC_NAMES = ("lambada_accuracy", "multihop_accuracy", "perplexity_from_nll")
+METRIC_NAMES = ("hop_accuracy", "lambada_accuracy", "perplexity_from_nll")
 
 
 def metric_dir(name: str) -> Path:

@@ -196,14 +196,19 @@ class AdapterExportMixin:
             if issubclass(base, PreTrainedModel) and not issubclass(base, AdapterExportMixin)
         )
 
-    def to_untied(self) -> PreTrainedModel:
+    def to_untied(self, positions: list[int] | None = None) -> PreTrainedModel:
         """The equivalent plain transformers model (e.g. `LlamaForCausalLM`): every block owns a copy of its weights.
 
         Its `save_pretrained` writes a checkpoint that stock transformers, and tools built on it (vLLM,
         llama.cpp's converter), load without hf-layertie or remote code, with the same logits. PEFT adapters
         (relaxed ties) are merged into each position's own copy of its weights; this model keeps them. Positions
         the config skips (`skipped_positions`) are left out: the export is the shorter model this one computes as.
+        `positions` (ascending) exports those positions instead: one loop of a looped map is the layers of the
+        looped serving format (`hf_layertie.save_for_serving`).
         """
+        active = self.active_positions() if positions is None else list(positions)
+        if positions is not None and (not active or active != sorted(set(active)) or not 0 <= active[0] <= active[-1] < len(self.tied_blocks)):
+            raise ValueError(f"to_untied(positions={positions!r}): expected ascending block positions of 0 to {len(self.tied_blocks) - 1}")
         recipe = [name for name in LOOP_RECIPE_FIELDS if getattr(self.config, name, False)]
         if recipe:
             raise ValueError(
@@ -216,7 +221,6 @@ class AdapterExportMixin:
         config_dict = {
             key: value for key, value in self.config.to_dict().items() if key not in TYING_FIELDS + _TIED_CLASS_KEYS
         }
-        active = self.active_positions()
         state_dict = self._named_as_exported(state_dict.items(), active)
         config_dict[self.config.attribute_map.get("num_hidden_layers", "num_hidden_layers")] = len(active)
         if isinstance(config_dict.get("layer_types"), list):  # Qwen2's and Mistral's per-layer attention

@@ -14,7 +14,7 @@ from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, TyingTrainingArgume
 from hf_layertie.data import LAMBADA_TEST_FILE
 from hf_layertie.lambada.evaluation import evaluate_lambada
 from hf_layertie.lambada.reader import read_lambada_jsonl
-from hf_layertie.language_modeling.multihop import evaluate_multihop, hop_task_tokenizer, load_hop_task
+from hf_layertie.language_modeling.generated_tasks import evaluate_hop_task, hop_task_tokenizer, load_hop_task
 from hf_layertie.toolkit import load_tokenizer
 
 HOP_TASK = "length=16,max_hops=2,train_examples=8,eval_examples=11"  # 11 examples in batches of 3: uneven shares
@@ -33,7 +33,7 @@ def evaluation_scores() -> dict:
     tokenizer = load_tokenizer("shakespeare-bpe")
     passages = read_lambada_jsonl(LAMBADA_TEST_FILE)[:7]
     return {
-        "multihop": evaluate_multihop(_model(len(hop_tokenizer)), hop_data, batch_size=3),
+        "k-hop": evaluate_hop_task(_model(len(hop_tokenizer)), hop_data, batch_size=3),
         "lambada": evaluate_lambada(_model(len(tokenizer)), tokenizer, passages, batch_size=3, show_progress=False),
     }
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel
-from hf_layertie.language_modeling.multihop import evaluate_multihop
+from hf_layertie.language_modeling.generated_tasks import evaluate_hop_task
 from hf_layertie.sharding import gather_tied_model, retie_sharded, shard_tied_model
 from hf_layertie.trainer import sync_optimizer_with_model
 
@@ -82,7 +82,7 @@ try:
 except RuntimeError as error:
     results["retie_error"] = str(error)
 try:  # checked before any batch is scored
-    evaluate_multihop(sharded, [], batch_size=1)
+    evaluate_hop_task(sharded, [], batch_size=1)
 except ValueError as error:
     results["evaluation_error"] = str(error)
 

@@ -1,32 +1,57 @@
-"""`run_clm.py --dataset_name multihop | hop_induction`: the generated tasks where depth should matter, as a workflow:
-their datasets and tokenizer instead of text, and accuracy per hop count after the evaluation loss. `multihop`
-chains references (`hf_layertie.data.multihop`); `hop_induction` is k-hop induction, with a label at every
-position (`hf_layertie.data.hop_induction`)."""
+"""`run_clm.py --dataset_name hop_induction`: the generated tasks, where depth should matter, as a workflow: their
+datasets and tokenizer instead of text, and accuracy per hop count after the evaluation loss. `hop_induction` is
+k-hop induction, with a label at every position (`hf_layertie.data.hop_induction`); what the tasks share is
+`hf_layertie.data.generated_tasks`. A new task is one more entry of `HOP_TASKS`."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import datasets
 import torch
 from accelerate.utils import gather_object
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..data.generated_tasks import IGNORE_INDEX
 from ..data.hop_induction import HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer
-from ..data.multihop import IGNORE_INDEX, MultiHopConfig, multihop_datasets, multihop_tokenizer
 from ..metrics import load_metric
 from ..toolkit import changed_from_default, this_process_share
 
 if TYPE_CHECKING:
     from .arguments import DataTrainingArguments
 
-MULTIHOP = "multihop"
-# Every generated task by `--dataset_name`: its config class (`from_string` reads `--dataset_config_name`), its
-# splits and its tokenizer. Each writes `multihop`'s columns, so one evaluation serves them all.
+
+class GeneratedTask(NamedTuple):
+    """A generated task as `run_clm.py` runs it.
+
+    Args:
+        config_class: a frozen dataclass of the task's settings; `from_string` reads `--dataset_config_name` (None
+            or empty: the defaults), `sequence_length` is the padded length of its examples.
+        make_datasets: `(config, seed=...)` to the `train`, `validation` and `test` splits, with the columns
+            `input_ids`, `attention_mask`, `labels` (`IGNORE_INDEX` where nothing is scored) and `answer_hops` (each
+            label's hop count, in order), which `evaluate_hop_task` scores.
+        make_tokenizer: the config to its tokenizer (the vocabulary follows the settings).
+        example_settings: a `--dataset_config_name` to show in messages.
+    """
+
+    config_class: type
+    make_datasets: Callable[..., datasets.DatasetDict]
+    make_tokenizer: Callable[[Any], PreTrainedTokenizerBase]
+    example_settings: str
+
+
+# Every generated task by `--dataset_name`. Each writes the columns `evaluate_hop_task` reads, so one evaluation
+# serves them all.
 HOP_TASKS = {
-    MULTIHOP: (MultiHopConfig, multihop_datasets, multihop_tokenizer),
-    "hop_induction": (HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer),
+    "hop_induction": GeneratedTask(HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer, "length=64,max_hops=4"),
+}
+# Tasks that were offered and are no more, with why: `--dataset_name` refuses them by name rather than looking for a
+# Hub dataset of that name.
+REMOVED_TASKS = {
+    "multihop": "chains of variable references, removed after no small model learned a second hop on them: bench/README.md, "
+    "'Before it: chains of references'",
 }
 # Data arguments of text that a generated task has no use for: its examples, and their length, come from
 # `--dataset_config_name`.
@@ -34,7 +59,15 @@ TEXT_ONLY_ARGUMENTS = (
     "train_file", "validation_file", "block_size", "text_column_name", "preprocessing_num_workers",
     "validation_split_percentage", "keep_linebreaks",
 )  # fmt: skip
-_EXAMPLE_SETTINGS = {MULTIHOP: "num_chains=4,max_hops=6", "hop_induction": "length=64,max_hops=4"}
+
+
+def check_removed_task(name: str | None) -> None:
+    """Refuse a `--dataset_name` of a generated task that was removed, naming the tasks there are."""
+    if name in REMOVED_TASKS:
+        raise ValueError(
+            f"--dataset_name {name}: the generated task {name} ({REMOVED_TASKS[name]}) is no longer offered; the "
+            f"generated tasks are {', '.join(sorted(HOP_TASKS))}"
+        )
 
 
 def check_hop_task_arguments(data_args: DataTrainingArguments) -> None:
@@ -46,15 +79,15 @@ def check_hop_task_arguments(data_args: DataTrainingArguments) -> None:
         raise ValueError(
             f"--dataset_name {name} generates its examples, and their length, from --dataset_config_name: it reads no "
             f"{', '.join(given)}. Leave {'it' if len(given) == 1 else 'them'} unset (sizes go in --dataset_config_name, "
-            f"e.g. '{_EXAMPLE_SETTINGS[name]}')"
+            f"e.g. '{HOP_TASKS[name].example_settings}')"
         )
     hop_task_config(name, data_args.dataset_config_name)
 
 
-def hop_task_config(name: str, config_text: str | None) -> MultiHopConfig | HopInductionConfig:
-    """The task's settings from `--dataset_config_name` (`"num_chains=4,max_hops=6"`; nothing is generated)."""
+def hop_task_config(name: str, config_text: str | None):
+    """The task's settings from `--dataset_config_name` (`"length=64,max_hops=4"`; nothing is generated)."""
     try:
-        return HOP_TASKS[name][0].from_string(config_text)
+        return HOP_TASKS[name].config_class.from_string(config_text)
     except ValueError as error:
         raise ValueError(f"--dataset_config_name {config_text!r}: {error}") from None
 
@@ -69,7 +102,7 @@ def hop_task_label(name: str, config_text: str | None) -> str:
 
 def hop_task_tokenizer(name: str, config_text: str | None) -> PreTrainedTokenizerBase:
     """The task's tokenizer (its vocabulary follows the settings)."""
-    return HOP_TASKS[name][2](hop_task_config(name, config_text))
+    return HOP_TASKS[name].make_tokenizer(hop_task_config(name, config_text))
 
 
 def load_hop_task(name: str, config_text: str | None, context: int, seed: int) -> datasets.DatasetDict:
@@ -82,16 +115,16 @@ def load_hop_task(name: str, config_text: str | None, context: int, seed: int) -
             f"positions; the model has {context} (from scratch, raise n_positions / max_position_embeddings in "
             f"--config_overrides, or shorten the examples in --dataset_config_name)"
         )
-    return HOP_TASKS[name][1](config, seed=seed)
+    return HOP_TASKS[name].make_datasets(config, seed=seed)
 
 
 @torch.no_grad()
-def evaluate_multihop(model: PreTrainedModel, dataset: datasets.Dataset, batch_size: int) -> dict:
+def evaluate_hop_task(model: PreTrainedModel, dataset: datasets.Dataset, batch_size: int) -> dict:
     """Greedy prediction of every answer token; accuracy overall, averaged over hop counts, and per hop count.
 
     Under several processes (`accelerate launch`) each predicts its share of the batches and every process gets the
     whole set's scores (collective: call it on every process, with an unsharded model)."""
-    starts = this_process_share(model, range(0, len(dataset), batch_size), "evaluate_multihop")
+    starts = this_process_share(model, range(0, len(dataset), batch_size), "evaluate_hop_task")
     was_training = model.training
     model.eval()
     predictions, references, hops = [], [], []
@@ -110,18 +143,18 @@ def evaluate_multihop(model: PreTrainedModel, dataset: datasets.Dataset, batch_s
     finally:
         model.train(was_training)
     predictions, references, hops = (gather_object(values) for values in (predictions, references, hops))  # counted: any order
-    return load_metric(MULTIHOP + "_accuracy").compute(predictions=predictions, references=references, hops=hops)
+    return load_metric("hop_accuracy").compute(predictions=predictions, references=references, hops=hops)
 
 
-def multihop_metrics(scores: dict) -> dict[str, float]:
-    """`evaluate_multihop`'s scores as flat `eval_*` metrics (`eval_accuracy_hops_3`, ...)."""
+def hop_task_metrics(scores: dict) -> dict[str, float]:
+    """`evaluate_hop_task`'s scores as flat `eval_*` metrics (`eval_accuracy_hops_3`, ...)."""
     metrics = {"eval_accuracy": scores["accuracy"], "eval_mean_accuracy": scores["mean_accuracy"]}
     metrics.update({f"eval_accuracy_hops_{hop}": value for hop, value in scores["accuracy_by_hops"].items()})
     return metrics
 
 
-def print_multihop_report(metrics: dict) -> None:
-    """Accuracy per hop count, after training (what `run_clm.py` prints for this task); nothing for a run that
+def print_hop_task_report(metrics: dict) -> None:
+    """Accuracy per hop count, after training (what `run_clm.py` prints for a generated task); nothing for a run that
     evaluated nothing."""
     if "eval_mean_accuracy" not in metrics:
         return

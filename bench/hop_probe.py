@@ -1,14 +1,15 @@
 #!/usr/bin/env python
-"""Does depth help on a multi-hop task? Train one GPT-2 (untied, or tied by a fixed `--tying_map`) on it and print
-accuracy by hop count as it goes.
+"""Does depth help on a generated task? Train one GPT-2 (untied, or tied by a fixed `--tying_map`) on it with a plain
+AdamW loop and print accuracy by hop count as it goes.
 
-    python bench/multihop_probe.py --task "num_chains=6,num_queries=2,max_hops=4" --n_layer 2
-    python bench/multihop_probe.py --task "num_chains=6,num_queries=2,max_hops=4" --n_layer 8
-    python bench/multihop_probe.py --task_name hop_induction --task "length=64,max_hops=4" --n_layer 4
+    python bench/hop_probe.py --task "length=64,max_hops=4" --n_layer 2
+    python bench/hop_probe.py --task "length=64,max_hops=4" --n_layer 4 --tying_map cycle:2
 
-A probe for choosing the task's difficulty (bench/README.md, "The multi-hop task"), not the comparison itself:
-one process, one thread, plain AdamW (warm-up 100 steps, linear decay, gradient clipping 1.0), batches drawn with
-replacement from the training split; evaluation on the validation split four times over the run.
+Every run of `bench/hop_depth.py` is one such process (bench/README.md, "The first measurement: fixed layouts
+trained with a plain loop"): one thread, plain AdamW (warm-up 100 steps, linear decay, gradient clipping 1.0),
+batches drawn with replacement from the training split; evaluation on the validation split four times over the run.
+It was first a probe for choosing a task's difficulty, written for a task of chains of references since removed
+(`git show ac75ab9:bench/multihop_probe.py`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.measure import process_peak_bytes, training_state_bytes  # noqa: E402
 from bench.provenance import provenance  # noqa: E402
 from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, resolve_tying_map  # noqa: E402
-from hf_layertie.language_modeling.multihop import HOP_TASKS, evaluate_multihop  # noqa: E402
+from hf_layertie.language_modeling.generated_tasks import HOP_TASKS, evaluate_hop_task  # noqa: E402
 
 # The probe's split sizes unless --task sets them.
 PROBE_SIZES = {"train_examples": 50000, "eval_examples": 500}
@@ -34,8 +35,8 @@ PROBE_SIZES = {"train_examples": 50000, "eval_examples": 500}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task_name", default="multihop", choices=sorted(HOP_TASKS))
-    parser.add_argument("--task", default="num_chains=6,num_queries=2,max_hops=4", help="The task config's settings.")
+    parser.add_argument("--task_name", default="hop_induction", choices=sorted(HOP_TASKS))
+    parser.add_argument("--task", default="length=64,max_hops=4", help="The task config's settings.")
     parser.add_argument("--n_layer", type=int, default=2)
     parser.add_argument("--n_embd", type=int, default=64)
     parser.add_argument("--steps", type=int, default=3000)
@@ -48,17 +49,17 @@ def main() -> None:
     torch.set_num_threads(1)
     source = provenance()  # the code this process loaded, not what the tree holds when it ends
 
-    config_class, make_datasets, make_tokenizer = HOP_TASKS[args.task_name]
+    task = HOP_TASKS[args.task_name]
     given = {item.partition("=")[0].strip() for item in args.task.split(",")}
     sizes = [f"{key}={value}" for key, value in PROBE_SIZES.items() if key not in given]  # --task's own win
-    config = config_class.from_string(",".join(sizes + [args.task]))
-    splits = make_datasets(config, seed=0)
+    config = task.config_class.from_string(",".join(sizes + [args.task]))
+    splits = task.make_datasets(config, seed=0)
     train = splits["train"].with_format("torch", columns=["input_ids", "attention_mask", "labels"])
     torch.manual_seed(args.seed)
     tying_map = resolve_tying_map(args.tying_map or "independent", args.n_layer).to_list()
     model = TiedGPT2LMHeadModel(
         TiedGPT2Config(
-            n_layer=args.n_layer, n_embd=args.n_embd, n_head=4, vocab_size=len(make_tokenizer(config)),
+            n_layer=args.n_layer, n_embd=args.n_embd, n_head=4, vocab_size=len(task.make_tokenizer(config)),
             n_positions=config.sequence_length, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
             bos_token_id=0, eos_token_id=0, tying_map=tying_map,
         )
@@ -80,14 +81,14 @@ def main() -> None:
         schedule.step()
         optimizer.zero_grad()
         if step % max(1, args.steps // 4) == 0:
-            scores = evaluate_multihop(model, splits["validation"], batch_size=100)
+            scores = evaluate_hop_task(model, splits["validation"], batch_size=100)
             by_hops = " / ".join(f"{value:.2f}" for value in scores["accuracy_by_hops"].values())
             print(
                 f"step {step}: answer loss {loss.item():.3f}, accuracy by hops {by_hops}, "
                 f"mean {scores['mean_accuracy']:.3f} ({time.perf_counter() - started:.0f} s)",
                 flush=True,
             )
-    scores = evaluate_multihop(model, splits["validation"], batch_size=100)  # the trained model, whatever the steps
+    scores = evaluate_hop_task(model, splits["validation"], batch_size=100)  # the trained model, whatever the steps
     if args.result_file:
         result = {**vars(args), "tying_map": tying_map, "distinct_blocks": len(set(tying_map)), **scores}
         result.update(train_seconds=time.perf_counter() - started, trainable_parameters=model.parameter_counts().trainable)

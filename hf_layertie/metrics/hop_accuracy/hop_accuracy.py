@@ -1,13 +1,13 @@
-"""Multi-hop accuracy: the share of answers predicted exactly, overall and per number of hops."""
+"""Hop accuracy: the share of answers predicted exactly, overall and per number of hops."""
 
 import datasets
 import evaluate
 
 _DESCRIPTION = """
-Accuracy of the answers of the multi-hop reference task (`hf_layertie.data.multihop`): each answer is the digit at
-the end of a chain of variable references, and its number of hops is the number of assignments followed to reach
-it. Accuracy per hop count shows how far along a chain a model can follow; `mean_accuracy` averages the hop counts
-with equal weight (long chains are rarer in the data than short ones).
+Accuracy of the answers of a generated task (`hf_layertie.data.generated_tasks`), each with its number of hops:
+in k-hop induction (`hf_layertie.data.hop_induction`) every labelled position is an answer and its number of hops
+is the example's k. Accuracy per hop count shows how many hops a model can follow; `mean_accuracy` averages the hop
+counts with equal weight (however many answers each has).
 """
 
 _KWARGS_DESCRIPTION = """
@@ -20,14 +20,14 @@ Returns:
     mean_accuracy (`float`): the mean of the per-hop accuracies.
     accuracy_by_hops (`dict[int, float]`): accuracy of the answers of each hop count.
 Examples:
-    >>> metric = evaluate.load("hf_layertie/metrics/multihop_accuracy")
+    >>> metric = evaluate.load("hf_layertie/metrics/hop_accuracy")
     >>> metric.compute(predictions=[4, 5, 6], references=[4, 5, 7], hops=[1, 2, 2])
     {'accuracy': 0.6666666666666666, 'mean_accuracy': 0.75, 'accuracy_by_hops': {1: 1.0, 2: 0.5}}
 """
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class MultihopAccuracy(evaluate.Metric):
+class HopAccuracy(evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
             description=_DESCRIPTION,
@@ -40,7 +40,7 @@ class MultihopAccuracy(evaluate.Metric):
 
     def _compute(self, predictions, references, hops):
         if not references:
-            raise ValueError("multihop_accuracy needs at least one prediction, reference and hop count, got none")
+            raise ValueError("hop_accuracy needs at least one prediction, reference and hop count, got none")
         correct_by_hops, count_by_hops = {}, {}
         for prediction, reference, hop in zip(predictions, references, hops):
             correct_by_hops[hop] = correct_by_hops.get(hop, 0) + int(prediction == reference)
