@@ -201,7 +201,7 @@ def markdown(record: dict) -> str:
         f"mean next-token loss (nats) on the first {record['eval_blocks']} {record['block_size']}-token blocks of the "
         f"held-out play, and its increase over the tied model's in transformers ({record['reference']['loss']:.4f}; "
         f"its checkpoint {record['reference']['tied_checkpoint_mib']:.2f} MiB); logit difference: the largest from "
-        f"the tied model's on those blocks. `python bench/serving.py`; {record['hardware']}; commit {record['commit']}.",
+        f"the tied model's on those blocks. `python bench/serving.py`; commit {record['commit']}. Hardware: {record['hardware']}.",
         "",
         "| export, GGUF type | stored blocks | file (MiB) | loss | increase | largest logit difference | tensors by type |",
         "|---|---|---|---|---|---|---|",
@@ -215,17 +215,20 @@ def markdown(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(record: dict) -> None:
-    REPORT.mkdir(parents=True, exist_ok=True)
-    write_whole(REPORT / "results.json", json.dumps(record, indent=1) + "\n")
-    write_whole(REPORT / "results.md", markdown(record))
-    refresh_markdown()
+def write_report(record: dict, folder: Path = REPORT) -> None:
+    """The report from the record; into bench/reports/serving/, the Markdown tables that read it follow."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_whole(folder / "results.json", json.dumps(record, indent=1) + "\n")
+    write_whole(folder / "results.md", markdown(record))
+    if folder == REPORT:
+        refresh_markdown()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--eval_blocks", type=int, default=200, help="Held-out blocks scored through llama.cpp.")
     parser.add_argument("--report_only", action="store_true", help="Rebuild the report from the record.")
+    parser.add_argument("--report_dir", type=Path, default=REPORT, help="Where results.{json,md} go.")
     arguments = parser.parse_args()
     if arguments.eval_blocks < 1:
         parser.error(f"--eval_blocks must be >= 1, got {arguments.eval_blocks}")
@@ -236,7 +239,7 @@ def main() -> None:
             raise RuntimeError(f"a loss is not finite: {record['rows']}")
         RESULTS.mkdir(parents=True, exist_ok=True)
         write_whole(record_path, json.dumps(record, indent=1) + "\n")
-    write_report(json.loads(record_path.read_text()))
+    write_report(json.loads(record_path.read_text()), arguments.report_dir)
     print(markdown(json.loads(record_path.read_text())))
 
 
