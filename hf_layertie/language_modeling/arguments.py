@@ -21,10 +21,14 @@ class DataTrainingArguments:
 
     dataset_name: str | None = field(
         default=None,
-        metadata={"help": "A `datasets` name, e.g. 'wikitext'; or 'hop_induction', the generated k-hop induction task (run_clm.py)."},
+        metadata={"help": f"A `datasets` name, e.g. 'wikitext'; or a generated depth task (run_clm.py): {', '.join(HOP_TASKS)}."},
     )
     dataset_config_name: str | None = field(
-        default=None, metadata={"help": "e.g. 'wikitext-2-raw-v1'; for hop_induction its sizes, e.g. 'length=64,max_hops=4'."}
+        default=None,
+        metadata={
+            "help": "e.g. 'wikitext-2-raw-v1'; for a generated task its settings, e.g. "
+            + "; ".join(f"{name}: '{task.example_settings}'" for name, task in HOP_TASKS.items())
+        },
     )
     train_file: str | None = field(default=None, metadata={"help": "Training data: a .txt, .json/.jsonl or .csv file."})
     validation_file: str | None = field(

@@ -1,7 +1,8 @@
-"""`run_clm.py --dataset_name hop_induction`: the generated tasks, where depth should matter, as a workflow: their
-datasets and tokenizer instead of text, and accuracy per hop count after the evaluation loss. `hop_induction` is
-k-hop induction, with a label at every position (`hf_layertie.data.hop_induction`); what the tasks share is
-`hf_layertie.data.generated_tasks`. A new task is one more entry of `HOP_TASKS`."""
+"""`run_clm.py --dataset_name hop_induction | word_problem`: the generated tasks, where depth should matter, as a
+workflow: their datasets and tokenizer instead of text, and accuracy per hop count (per position, for the word
+problem) after the evaluation loss. `hop_induction` is k-hop induction (`hf_layertie.data.hop_induction`),
+`word_problem` the running product of group elements (`hf_layertie.data.word_problem`), both with a label at every
+position; what the tasks share is `hf_layertie.data.generated_tasks`. A new task is one more entry of `HOP_TASKS`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..data.generated_tasks import IGNORE_INDEX
 from ..data.hop_induction import HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer
+from ..data.word_problem import WordProblemConfig, word_problem_datasets, word_problem_tokenizer
 from ..metrics import load_metric
 from ..toolkit import changed_from_default, this_process_share
 
@@ -34,18 +36,22 @@ class GeneratedTask(NamedTuple):
             label's hop count, in order), which `evaluate_hop_task` scores.
         make_tokenizer: the config to its tokenizer (the vocabulary follows the settings).
         example_settings: a `--dataset_config_name` to show in messages.
+        scored_by: what `answer_hops` counts, as the printed report names it ("hops", "position").
     """
 
     config_class: type
     make_datasets: Callable[..., datasets.DatasetDict]
     make_tokenizer: Callable[[Any], PreTrainedTokenizerBase]
     example_settings: str
+    scored_by: str = "hops"
 
 
 # Every generated task by `--dataset_name`. Each writes the columns `evaluate_hop_task` reads, so one evaluation
 # serves them all.
 HOP_TASKS = {
     "hop_induction": GeneratedTask(HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer, "length=64,max_hops=4"),
+    # `answer_hops` holds each label's prefix length: accuracy "by hops" is accuracy by position.
+    "word_problem": GeneratedTask(WordProblemConfig, word_problem_datasets, word_problem_tokenizer, "group=A5,length=16", "position"),
 }
 # Tasks that were offered and are no more, with why: `--dataset_name` refuses them by name rather than looking for a
 # Hub dataset of that name.
@@ -153,12 +159,13 @@ def hop_task_metrics(scores: dict) -> dict[str, float]:
     return metrics
 
 
-def print_hop_task_report(metrics: dict) -> None:
-    """Accuracy per hop count, after training (what `run_clm.py` prints for a generated task); nothing for a run that
-    evaluated nothing."""
+def print_hop_task_report(metrics: dict, task: str = "hop_induction") -> None:
+    """Accuracy per hop count (per position for the word problem: `GeneratedTask.scored_by`), after training (what
+    `run_clm.py` prints for a generated task); nothing for a run that evaluated nothing."""
     if "eval_mean_accuracy" not in metrics:
         return
+    unit = HOP_TASKS[task].scored_by
     hops = sorted(int(key.rsplit("_", 1)[1]) for key in metrics if key.startswith("eval_accuracy_hops_"))
-    print(f"\n***** multi-hop accuracy ({metrics['eval_samples']} evaluation examples) *****")
-    print("  hops      " + "  ".join(f"{hop:>5}" for hop in hops) + "   mean over hops")
+    print(f"\n***** {'multi-hop' if unit == 'hops' else task} accuracy ({metrics['eval_samples']} evaluation examples) *****")
+    print(f"  {unit:<10}" + "  ".join(f"{hop:>5}" for hop in hops) + f"   mean over {'hops' if unit == 'hops' else 'positions'}")
     print("  accuracy  " + "  ".join(f"{metrics[f'eval_accuracy_hops_{hop}']:>5.2f}" for hop in hops) + f"   {metrics['eval_mean_accuracy']:.3f}")

@@ -317,7 +317,7 @@ def _train_and_evaluate(
         trainer.push_to_hub()
     if trainer.is_world_process_zero():
         if hop_task:
-            print_hop_task_report(metrics)
+            print_hop_task_report(metrics, hop_task)
         else:
             _print_report(task, metrics, trainer.model, tokenizer, eval_blocks, data_args.sample_max_new_tokens)
     return metrics

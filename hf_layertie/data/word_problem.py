@@ -1,0 +1,153 @@
+"""The group word problem: the running product of a sequence of group elements, with a label at every position.
+
+A sequence of elements g_1 ... g_T of a finite group G follows a start token; the target at position t is the
+product g_1 g_2 ... g_t. For a non-solvable group (`A5`, `S5`) the problem is NC1-complete (Barrington, 1989), so a
+transformer of constant depth cannot solve it at every length unless TC0 = NC1 (Merrill & Sabharwal, 2023); for a
+solvable one (`Z<n>`, `S3`, `S4`, `A4`) shortcuts of constant depth exist (Liu et al., 2023, "Transformers learn
+shortcuts to automata"). 2026 work reports that at matched depth and parameters untied models fail to learn A5 while
+looped ones do. It is the second depth task beside k-hop induction (`hf_layertie.data.hop_induction`).
+
+Elements are permutations of n points (`Z<n>` as the rotations of n points), numbered in lexicographic order of
+their images; each is one token. The examples use the generated tasks' columns
+(`hf_layertie.data.generated_tasks`): `labels` hold each position's product (shifted for the causal loss: the model
+predicts the product through position t at position t) and `answer_hops` the prefix length t, so `evaluate_hop_task`
+and the `hop_accuracy` metric report accuracy per position. Everything is generated from a seed: no download.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+import datasets
+import numpy as np
+from transformers import PreTrainedTokenizerFast
+
+from .generated_tasks import IGNORE_INDEX, check_split_sizes, generated_splits, read_task_settings, word_level_tokenizer
+
+PAD, START = "<pad>", "<s>"
+# `group` values: symmetric S<n>, alternating A<n>, cyclic Z<n> (n points, at most 7: S7 has 5,040 elements).
+GROUP = re.compile(r"^([SAZ])([1-9]\d*)$")
+LARGEST_DEGREE = 7
+
+
+@dataclass(frozen=True)
+class WordProblemConfig:
+    """The task's settings; `from_string("group=A5,length=16")` reads `--dataset_config_name`.
+
+    Args:
+        group: `S<n>` (symmetric, all permutations of n points), `A<n>` (alternating, the even ones) or `Z<n>`
+            (cyclic, the n rotations), n from 2 to 7 (`Z<n>` from 2 to any size up to 5,040).
+        length: group elements per example (the products a model must keep up with).
+        train_examples, eval_examples: rows of the `train` split, and generated for each of `validation` and `test`.
+    """
+
+    group: str = "A5"
+    length: int = 16
+    train_examples: int = 50_000
+    eval_examples: int = 1_000
+
+    def __post_init__(self):
+        elements(self.group)  # refuses an unknown group by name
+        for name in ("length", "train_examples", "eval_examples"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"word_problem {name} must be a positive integer, got {value!r}")
+        check_split_sizes("word_problem", self.train_examples, self.eval_examples, self.sequence_length)
+
+    @classmethod
+    def from_string(cls, text: str | None) -> WordProblemConfig:
+        """`"group=A5,length=16"` (None or empty: the defaults); errors name the key."""
+        if not text:
+            return cls()
+        names = sorted(field.name for field in dataclasses.fields(cls))
+        values: dict[str, object] = {}
+        for key, value in read_task_settings("word_problem", text, names).items():
+            if key == "group":
+                values[key] = value
+                continue
+            try:
+                values[key] = int(value)
+            except ValueError:
+                raise ValueError(f"word_problem {key} must be an integer, got {value!r}") from None
+        return cls(**values)
+
+    @property
+    def sequence_length(self) -> int:
+        """The start token, the elements, and one position more that holds the last product."""
+        return self.length + 2
+
+
+@lru_cache(maxsize=None)
+def elements(group: str) -> tuple[tuple[int, ...], ...]:
+    """The group's elements as permutations (tuples of images of 0..n-1), in lexicographic order; the identity is
+    the first. `ValueError` naming the setting for a group this task does not offer."""
+    match = GROUP.match(group) if isinstance(group, str) else None
+    degree = int(match.group(2)) if match else 0
+    kind = match.group(1) if match else ""
+    if not match or degree < 2 or (kind != "Z" and degree > LARGEST_DEGREE) or (kind == "Z" and degree > 5040):
+        raise ValueError(
+            f"word_problem group must be S<n> or A<n> (n from 2 to {LARGEST_DEGREE}) or Z<n> (n from 2 to 5040), "
+            f"e.g. A5, S4 or Z60; got {group!r}"
+        )
+    if kind == "Z":
+        return tuple(tuple((point + shift) % degree for point in range(degree)) for shift in range(degree))
+    permutations = itertools.permutations(range(degree))
+    return tuple(p for p in permutations if kind == "S" or _is_even(p))
+
+
+def _is_even(permutation: tuple[int, ...]) -> bool:
+    inversions = sum(1 for i, j in itertools.combinations(range(len(permutation)), 2) if permutation[i] > permutation[j])
+    return inversions % 2 == 0
+
+
+@lru_cache(maxsize=None)
+def multiplication_table(group: str) -> np.ndarray:
+    """`table[a, b]`: the index of the product of elements a and b (first a, then b: `(a b)(x) = b(a(x))`)."""
+    members = elements(group)
+    index = {member: position for position, member in enumerate(members)}
+    return np.array([[index[tuple(b[a[x]] for x in range(len(a)))] for b in members] for a in members])
+
+
+def running_products(words: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Per row of `words` (examples x length, element indices), the product of each prefix."""
+    products = np.empty_like(words)
+    products[:, 0] = words[:, 0]
+    for position in range(1, words.shape[1]):
+        products[:, position] = table[products[:, position - 1], words[:, position]]
+    return products
+
+
+def word_problem_tokenizer(config: WordProblemConfig) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer: padding, the start token and one token per element (`e0`, `e1`, ...)."""
+    count = len(elements(config.group))
+    return word_level_tokenizer([PAD, START, *(f"e{index}" for index in range(count))], pad=PAD)
+
+
+def word_problem_datasets(config: WordProblemConfig, seed: int = 0) -> datasets.DatasetDict:
+    """`train`, `validation` and `test` splits: `input_ids` (the start token, the elements, padding),
+    `attention_mask`, `labels` (each prefix's product one position later, for the causal shift) and `answer_hops`
+    (each label's prefix length)."""
+    table = multiplication_table(config.group)
+    vocabulary = word_problem_tokenizer(config).get_vocab()
+    element_ids = np.array([vocabulary[f"e{index}"] for index in range(len(table))])
+
+    def rows(count: int, split_seed: int) -> dict[str, list]:
+        rng = np.random.default_rng(split_seed)
+        words = rng.integers(0, len(table), size=(count, config.length))
+        products = running_products(words, table)
+        input_ids = np.concatenate(
+            [np.full((count, 1), vocabulary[START]), element_ids[words], np.full((count, 1), vocabulary[PAD])], axis=1
+        )
+        labels = np.concatenate([np.full((count, 2), IGNORE_INDEX), element_ids[products]], axis=1)
+        return {
+            "input_ids": input_ids.tolist(),
+            "attention_mask": np.ones_like(input_ids).tolist(),
+            "labels": labels.tolist(),
+            "answer_hops": np.tile(np.arange(1, config.length + 1), (count, 1)).tolist(),
+        }
+
+    return generated_splits(rows, config.train_examples, config.eval_examples, seed)
