@@ -187,8 +187,7 @@ def measure(eval_blocks: int) -> dict:
         "eval_blocks": len(blocks),
         "block_size": BLOCK_SIZE,
         "llama_cpp_python": metadata.version("llama-cpp-python"),
-        "hardware": source["hardware"],
-        "commit": source["commit"],
+        **source,  # commit, python, versions, hardware
         "rows": rows,
     }
 

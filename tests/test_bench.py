@@ -257,7 +257,7 @@ def test_a_report_names_the_losses_rescaled_after_they_were_measured():
     lines = source_lines(records)
     assert "Losses of 1 of these 2 runs were measured before commit 41678c9" in lines[-1] and "64/63" in lines[-1]
     assert "git show 7372745:bench/correct_loss_count.py" in lines[-1]
-    assert source_lines(records[1:])[-1] == "- commit bbb: new (0)"
+    assert not any("Losses of" in line for line in source_lines(records[1:]))
 
 
 def test_a_report_names_the_machines_its_runs_recorded_and_counts_each_run_once():

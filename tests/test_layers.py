@@ -12,11 +12,12 @@ ALLOWED = {
     "block_similarity": {"models", "checks"},
     "relaxed_ties": {"models", "checks"},
     "sharding": {"models"},
+    "serving": {"models"},
     "dlt": {"models", "checks"},
     "decisions": {"dlt", "block_similarity", "relaxed_ties", "models", "checks"},
     "trainer": {"decisions", "dlt", "block_similarity", "relaxed_ties", "models", "model_card", "checks"},
     "toolkit": {"trainer", "models", "data", "checks"},
-    "language_modeling": {"toolkit", "trainer", "models", "data", "metrics", "checks"},
+    "language_modeling": {"toolkit", "trainer", "serving", "models", "data", "metrics", "checks"},
     "lambada": {"toolkit", "trainer", "models", "data", "metrics"},
 }
 
