@@ -148,7 +148,10 @@ def held_out_blocks(tokenizer, count: int) -> list[list[int]]:
     """The first `count` 64-token blocks of the embedded corpus's held-out play, as the run evaluated them."""
     raw = load_text_datasets()
     grouped = tokenize_and_group(raw, tokenizer, text_column(raw, None), BLOCK_SIZE)
-    return [list(row["input_ids"]) for row in grouped["validation"].select(range(count))]
+    validation = grouped["validation"]
+    if count > len(validation):
+        raise ValueError(f"--eval_blocks {count}: the held-out play has {len(validation)} blocks of {BLOCK_SIZE} tokens")
+    return [list(row["input_ids"]) for row in validation.select(range(count))]
 
 
 def measure(eval_blocks: int) -> dict:

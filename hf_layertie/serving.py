@@ -4,7 +4,7 @@ Serving engines share one format for looped models, Nanbeige4.2's (llama.cpp, SG
 backend): a Llama checkpoint of U layers whose config says `num_loops = n`. The engine runs the U layers n times in
 order, with a KV-cache slot per loop and layer, and with `skip_loop_final_norm` the final norm once, after the last
 loop. A tied Llama whose map is `cycle:U` over L = nU positions computes exactly that, so its export is the plain
-model of its first loop (`to_untied(positions=range(U))`) with that config: U blocks on disk instead of L. Without
+model of its first loop (`to_untied(positions=...)`) with that config: U blocks on disk instead of L. Without
 `skip_loop_final_norm: true` written out, llama.cpp applies the final norm between loops too.
 
 Which tied classes fit is what llama.cpp's converter and engine were checked with (tests/test_serving.py):
@@ -38,18 +38,21 @@ LOOPED_SERVING_TYPES = ("tied_llama", "tied_qwen2", "tied_mistral")
 
 @dataclass(frozen=True)
 class LoopedLayout:
-    """A map llama.cpp's looped format expresses: `blocks` distinct blocks run `loops` times in turn."""
+    """A map llama.cpp's looped format expresses: `blocks` distinct blocks run `loops` times in turn, those of the
+    positions `first_loop`."""
 
     blocks: int
     loops: int
+    first_loop: tuple[int, ...]
 
 
 _PLAIN = "export it with model.to_untied().save_pretrained(folder), which every engine reads with each block stored"
 
 
-def check_looped_class(model) -> None:
-    """Refuse a model of a class the looped format was not checked with (`LOOPED_SERVING_TYPES`), or one whose
-    attention slides over a window shorter than its context somewhere, whatever its map."""
+def check_servable_model(model) -> None:
+    """Refuse, whatever the map, what the looped format cannot serve and training does not change: a class it was not
+    checked with (`LOOPED_SERVING_TYPES`), attention over a sliding window shorter than the context, the loop recipe,
+    per-position adapters (relaxed ties)."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", type(model).__name__)
     if model_type not in LOOPED_SERVING_TYPES:
@@ -60,27 +63,27 @@ def check_looped_class(model) -> None:
             f"save_for_serving: this {model_type} attends over a sliding window of {window} tokens, which llama.cpp's "
             f"looped format does not compute; {_PLAIN}"
         )
-
-
-def looped_layout(model: TiedBlocksMixin) -> LoopedLayout:
-    """`model`'s layout in the looped serving format, or a `ValueError` naming what it cannot express and pointing to
-    `to_untied()`: the map must be `cycle:U` over the positions computed (skipped positions, if any, are whole
-    trailing loops: n' < n loops), on a class of `LOOPED_SERVING_TYPES`, without adapters or loop recipe."""
-    check_looped_class(model)
-    recipe = [name for name in LOOP_RECIPE_FIELDS if getattr(model.config, name)]
+    recipe = [name for name in LOOP_RECIPE_FIELDS if getattr(config, name)]
     if recipe:
         raise ValueError(f"save_for_serving: this model computes with {', '.join(recipe)}, which no serving engine computes: serve it with this package")
     if any(is_adapter_layer(module) for module in model.modules()):
         raise ValueError(f"save_for_serving: per-position adapters (relaxed ties) make each loop differ, which the looped format cannot express; {_PLAIN}")
-    entries = model.tying_map.to_list()
-    blocks = model.tying_map.num_distinct
-    active = model.active_positions()
-    if entries != [position % blocks for position in range(len(entries))] or len(active) % blocks or active != list(range(len(active))):
+
+
+def looped_layout(model: TiedBlocksMixin) -> LoopedLayout:
+    """`model`'s layout in the looped serving format, or a `ValueError` naming what it cannot express and pointing to
+    `to_untied()`: `check_servable_model`, and the blocks of the positions computed must run U distinct blocks n times
+    in turn (a `cycle:U` map; skipped positions, if any, leave whole loops)."""
+    check_servable_model(model)
+    entries, active = model.tying_map.to_list(), model.active_positions()
+    computed = [entries[position] for position in active]
+    blocks = len(set(computed))
+    if len(computed) % blocks or computed != computed[:blocks] * (len(computed) // blocks):
         raise ValueError(
             f"save_for_serving: the looped format runs U blocks n times in turn (map cycle:U over the computed "
             f"positions); this model's map is {model.tying_map.render()} computing positions {active}; {_PLAIN}"
         )
-    return LoopedLayout(blocks=blocks, loops=len(active) // blocks)
+    return LoopedLayout(blocks=blocks, loops=len(computed) // blocks, first_loop=tuple(active[:blocks]))
 
 
 def save_for_serving(model: TiedBlocksMixin, folder: str | Path, tokenizer: PreTrainedTokenizerBase | None = None) -> LoopedLayout:
@@ -89,7 +92,7 @@ def save_for_serving(model: TiedBlocksMixin, folder: str | Path, tokenizer: PreT
     Refused, before anything is written, for what the format cannot express (`looped_layout`)."""
     layout = looped_layout(model)
     folder = Path(folder)
-    model.to_untied(positions=list(range(layout.blocks))).save_pretrained(folder)
+    model.to_untied(positions=list(layout.first_loop)).save_pretrained(folder)
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     config.update(

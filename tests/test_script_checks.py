@@ -93,7 +93,7 @@ def test_text_only_flags_are_refused_with_a_generated_task(tmp_path, text_files,
 @pytest.mark.parametrize("script", [CAUSAL_LM, MASKED_LM], ids=["run_clm", "run_mlm"])
 def test_a_removed_generated_task_is_refused_naming_the_tasks_there_are(tmp_path, generation_forbidden, script):
     """`multihop` was a generated task: its name is refused as such, not looked up as a Hub dataset."""
-    message = r"--dataset_name multihop: the generated task multihop \(chains of variable references, .*\) is no longer offered; the generated tasks are hop_induction$"
+    message = r"--dataset_name multihop: the generated task multihop \(chains of variable references, .*\) is no longer offered; the generated tasks are hop_induction, word_problem$"
     with pytest.raises(ValueError, match=message):
         parse_arguments(script, ["--dataset_name", "multihop", "--output_dir", str(tmp_path), "--do_train"])
     assert set(generated_tasks.REMOVED_TASKS).isdisjoint(generated_tasks.HOP_TASKS)
@@ -401,8 +401,32 @@ def test_serving_output_dir_refuses_what_cannot_be_served_before_training(tmp_pa
 
 
 def test_serving_output_dir_holds_the_trained_model_s_distinct_blocks_once(tmp_path, text_files):  # noqa: F811
+    """Written after training; asked of a run that finished without it, written from its final model, training no
+    step again."""
     flags = tiny_flags(tmp_path / "run", text_files, TINY_LLAMA_FLAGS, "--model_type", "tied_llama", "--tying_strategy", "static:cycle:2")
+    run(CAUSAL_LM, flags)
+    weights = (tmp_path / "run" / "model.safetensors").read_bytes()
     run(CAUSAL_LM, [*flags, "--serving_output_dir", str(tmp_path / "serving")])
     config = json.loads((tmp_path / "serving" / "config.json").read_text())
     assert (config["num_hidden_layers"], config["num_loops"]) == (2, 2)
     assert (tmp_path / "serving" / "tokenizer.json").is_file()
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == weights  # nothing trained again
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--serving_output_dir", "{run}"], r"--serving_output_dir .* overlaps --output_dir"),
+        (["--serving_output_dir", "{run}/serving"], r"--serving_output_dir .* overlaps --output_dir"),
+        (["--tying_strategy", "similarity:2", "--loop_residual_scale", "--serving_output_dir", "{serving}"], r"computes with loop_residual_scale"),
+        (["--tying_strategy", "static:cycle:2", "--lora_rank", "1", "--serving_output_dir", "{serving}"], r"lora_rank=1 relaxes the ties"),
+    ],
+)
+def test_serving_output_dir_refusals_that_training_would_not_change_come_before_it(tmp_path, text_files, extra, message):  # noqa: F811
+    folders = {"run": str(tmp_path / "run"), "serving": str(tmp_path / "serving")}
+    extra = [argument.format(**folders) for argument in extra]
+    strategy = [] if "--tying_strategy" in extra else ["--tying_strategy", "static:cycle:2"]
+    flags = tiny_flags(tmp_path / "run", text_files, TINY_LLAMA_FLAGS, "--model_type", "tied_llama", *strategy, *extra)
+    with pytest.raises(ValueError, match=message):
+        run(CAUSAL_LM, flags)
+    assert not (tmp_path / "run" / "model.safetensors").exists()

@@ -23,7 +23,7 @@ def test_the_looped_export_is_the_tied_checkpoint_s_weights_with_a_config_that_l
     """`cycle:2` over 6 positions: 2 blocks stored, tensor for tensor those of the tied checkpoint, run 3 times, the
     final norm after the last loop only; transformers refuses the folder rather than run one loop."""
     model = LLAMA.tied_model([0, 1, 0, 1, 0, 1])
-    assert save_for_serving(model, tmp_path / "serving") == LoopedLayout(blocks=2, loops=3)
+    assert save_for_serving(model, tmp_path / "serving") == LoopedLayout(blocks=2, loops=3, first_loop=(0, 1))
     model.save_pretrained(tmp_path / "tied")
     served, tied = load_file(tmp_path / "serving" / "model.safetensors"), load_file(tmp_path / "tied" / "model.safetensors")
     assert served.keys() == tied.keys() and all(torch.equal(served[name], tied[name]) for name in tied)
@@ -38,11 +38,17 @@ def test_the_looped_export_is_the_tied_checkpoint_s_weights_with_a_config_that_l
         AutoConfig.from_pretrained(tmp_path / "serving")
 
 
-def test_skipping_whole_trailing_loops_serves_fewer_loops(tmp_path):
+@pytest.mark.parametrize("skipped", [[4, 5], [2, 3], [0, 1]])
+def test_skipping_whole_loops_serves_fewer_loops(tmp_path, skipped):
+    """Any whole loop left out (the computed blocks still run 0 1 0 1) serves 2 loops of the first loop computed."""
     model = LLAMA.tied_model([0, 1, 0, 1, 0, 1])
-    model.config.skipped_positions = [4, 5]
-    assert save_for_serving(model, tmp_path) == LoopedLayout(blocks=2, loops=2)
+    model.config.skipped_positions = skipped
+    first = (2, 3) if skipped == [0, 1] else (0, 1)
+    assert save_for_serving(model, tmp_path) == LoopedLayout(blocks=2, loops=2, first_loop=first)
     assert json.loads((tmp_path / "config.json").read_text())["num_loops"] == 2
+    with torch.no_grad():  # the export's first loop holds the weights of the positions it names
+        exported = load_file(tmp_path / "model.safetensors")
+        assert torch.equal(exported["model.layers.1.mlp.up_proj.weight"], model.model.layers[first[1]].mlp.up_proj.weight)
 
 
 @pytest.mark.parametrize(
@@ -54,6 +60,7 @@ def test_skipping_whole_trailing_loops_serves_fewer_loops(tmp_path):
         (LLAMA, [0, 0, 2, 2], None, r"map is 0 0 2 2 computing positions \[0, 1, 2, 3\]"),
         (LLAMA, [0, 1, 1, 1], None, r"map is 0 1 1 1"),
         (LLAMA, [0, 1, 0, 1], {"skipped_positions": [3]}, r"computing positions \[0, 1, 2\]"),
+        (LLAMA, [0, 1, 0, 1, 0, 1], {"skipped_positions": [1]}, r"computing positions \[0, 2, 3, 4, 5\]"),
         (LLAMA, [0, 1, 0, 1], {"loop_residual_scale": True}, r"computes with loop_residual_scale, which no serving engine"),
         (LLAMA, [0, 1, 0, 1], "relaxed", r"per-position adapters \(relaxed ties\)"),
     ],

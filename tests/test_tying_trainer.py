@@ -406,10 +406,15 @@ def test_an_unstamped_tying_state_resumes_as_the_uninterrupted_run_and_pre_relea
 
     for layout, message in (
         ({key: value for key, value in unstamped.items() if key != "training"}, r"tying state of a pre-release layout \(without training\)"),
+        (
+            {**unstamped, "decisions": {key: value for key, value in unstamped["decisions"].items() if key != "planned_decisions"}},
+            r"tying state of a pre-release layout \(without planned_decisions\)",
+        ),
+        ({**state, "format_version": True}, r"tying state format True, not a format version"),
         ({**state, "format_version": TYING_STATE_FORMAT_VERSION + 1}, rf"tying state format {TYING_STATE_FORMAT_VERSION + 1}, newer than"),
     ):
         torch.save(layout, path)
-        with pytest.raises(ValueError, match=rf"{re.escape(str(path))} (holds a|has) {message}"):
+        with pytest.raises(ValueError, match=rf"{re.escape(str(path))} (holds a|has) {message}"):  # the file, named
             make_trainer(tmp_path / "again", **overrides).train(resume_from_checkpoint=str(checkpoint))
 
 

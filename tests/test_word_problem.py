@@ -34,6 +34,14 @@ def test_each_group_has_its_order_and_is_closed_with_an_identity_and_inverses(gr
     assert all(table[table[a, b], c] == table[a, table[b, c]] for a, b, c in triples)  # associative
 
 
+@pytest.mark.parametrize("group", ["S3", "A4", "S4", "A5", "Z12"])
+def test_the_table_is_the_composition_of_the_permutations(group):
+    members = elements(group)
+    table = multiplication_table(group)
+    index = {member: position for position, member in enumerate(members)}
+    assert all(table[a, b] == index[compose(members[a], members[b])] for a in range(len(members)) for b in range(len(members)))
+
+
 def test_a5_is_not_abelian_and_z_n_is():
     a5, z = multiplication_table("A5"), multiplication_table("Z6")
     assert (a5 != a5.T).any() and (z == z.T).all()
@@ -65,8 +73,10 @@ def test_the_splits_are_seeded_and_differ():
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("group=B5", r"word_problem group must be S<n> or A<n> \(n from 2 to 7\) or Z<n>.*got 'B5'"),
-        ("group=S8", r"got 'S8'"),
+        ("group=B5", r"word_problem group must be S<n> \(n from 2 to 6\), A<n> \(n from 3 to 6\) or Z<n>.*got 'B5'"),
+        ("group=S7", r"got 'S7'"),
+        ("group=A2", r"got 'A2'"),
+        ("group=Z721", r"got 'Z721'"),
         ("length=0", r"word_problem length must be a positive integer, got 0"),
         ("length=x", r"word_problem length must be an integer, got 'x'"),
         ("size=3", r"word_problem setting 'size' is unknown; settings: eval_examples, group, length, train_examples"),

@@ -29,9 +29,10 @@ from transformers import PreTrainedTokenizerFast
 from .generated_tasks import IGNORE_INDEX, check_split_sizes, generated_splits, read_task_settings, word_level_tokenizer
 
 PAD, START = "<pad>", "<s>"
-# `group` values: symmetric S<n>, alternating A<n>, cyclic Z<n> (n points, at most 7: S7 has 5,040 elements).
+# `group` values: symmetric S<n> and alternating A<n> of up to 6 points (S6: 720 elements), cyclic Z<n> of up to 720
+# elements: a table of 720 x 720 products, one token per element.
 GROUP = re.compile(r"^([SAZ])([1-9]\d*)$")
-LARGEST_DEGREE = 7
+LARGEST_DEGREE, LARGEST_CYCLE = 6, 720
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,8 @@ class WordProblemConfig:
     """The task's settings; `from_string("group=A5,length=16")` reads `--dataset_config_name`.
 
     Args:
-        group: `S<n>` (symmetric, all permutations of n points), `A<n>` (alternating, the even ones) or `Z<n>`
-            (cyclic, the n rotations), n from 2 to 7 (`Z<n>` from 2 to any size up to 5,040).
+        group: `S<n>` (symmetric, all permutations of n points, n 2-6), `A<n>` (alternating, the even ones, n 3-6)
+            or `Z<n>` (cyclic, the n rotations, n 2-720).
         length: group elements per example (the products a model must keep up with).
         train_examples, eval_examples: rows of the `train` split, and generated for each of `validation` and `test`.
     """
@@ -81,18 +82,25 @@ class WordProblemConfig:
         return self.length + 2
 
 
+def _group_kind(group) -> tuple[str, int]:
+    """`("S", 5)` for `"S5"`, ...; a `ValueError` naming the setting for a group this task does not offer (A2 has one
+    element: nothing to learn)."""
+    match = GROUP.match(group) if isinstance(group, str) else None
+    kind, degree = (match.group(1), int(match.group(2))) if match else ("", 0)
+    largest = LARGEST_CYCLE if kind == "Z" else LARGEST_DEGREE
+    if not match or not (3 if kind == "A" else 2) <= degree <= largest:
+        raise ValueError(
+            f"word_problem group must be S<n> (n from 2 to {LARGEST_DEGREE}), A<n> (n from 3 to {LARGEST_DEGREE}) or "
+            f"Z<n> (n from 2 to {LARGEST_CYCLE}), e.g. A5, S4 or Z60; got {group!r}"
+        )
+    return kind, degree
+
+
 @lru_cache(maxsize=None)
 def elements(group: str) -> tuple[tuple[int, ...], ...]:
     """The group's elements as permutations (tuples of images of 0..n-1), in lexicographic order; the identity is
-    the first. `ValueError` naming the setting for a group this task does not offer."""
-    match = GROUP.match(group) if isinstance(group, str) else None
-    degree = int(match.group(2)) if match else 0
-    kind = match.group(1) if match else ""
-    if not match or degree < 2 or (kind != "Z" and degree > LARGEST_DEGREE) or (kind == "Z" and degree > 5040):
-        raise ValueError(
-            f"word_problem group must be S<n> or A<n> (n from 2 to {LARGEST_DEGREE}) or Z<n> (n from 2 to 5040), "
-            f"e.g. A5, S4 or Z60; got {group!r}"
-        )
+    the first (`Z<n>`: the rotations, by 0, 1, ... places)."""
+    kind, degree = _group_kind(group)
     if kind == "Z":
         return tuple(tuple((point + shift) % degree for point in range(degree)) for shift in range(degree))
     permutations = itertools.permutations(range(degree))
@@ -107,9 +115,18 @@ def _is_even(permutation: tuple[int, ...]) -> bool:
 @lru_cache(maxsize=None)
 def multiplication_table(group: str) -> np.ndarray:
     """`table[a, b]`: the index of the product of elements a and b (first a, then b: `(a b)(x) = b(a(x))`)."""
-    members = elements(group)
-    index = {member: position for position, member in enumerate(members)}
-    return np.array([[index[tuple(b[a[x]] for x in range(len(a)))] for b in members] for a in members])
+    kind, degree = _group_kind(group)
+    if kind == "Z":  # rotating by a places, then by b, rotates by a + b
+        shifts = np.arange(degree)
+        return (shifts[:, None] + shifts[None, :]) % degree
+    members = np.array(elements(group))
+    # A permutation's code, its images read as digits in base n: sorted as the elements are (lexicographically).
+    powers = degree ** np.arange(degree - 1, -1, -1)
+    codes = members @ powers
+    table = np.empty((len(members), len(members)), dtype=np.int64)
+    for a, first in enumerate(members):
+        table[a] = np.searchsorted(codes, members[:, first] @ powers)  # row b: b(first(x)) for every x
+    return table
 
 
 def running_products(words: np.ndarray, table: np.ndarray) -> np.ndarray:

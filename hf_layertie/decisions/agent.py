@@ -50,6 +50,7 @@ class AgentDecisions(TyingDecisions):
     """
 
     mode = "dlt"
+    state_keys = ("window_loss_sums", "planned_decisions")
     needs_tied_model = True
     changes_map = True
     settings = {
@@ -236,7 +237,7 @@ class AgentDecisions(TyingDecisions):
         """Restore a checkpoint; each process takes back its own part of the open window (the mean of them all when
         the run resumes on another number of processes: the window's mean over processes is then kept)."""
         state = dict(state)
-        missing = [key for key in ("window_loss_sums", "planned_decisions") if key not in state]
+        missing = [key for key in self.state_keys if key not in state]
         if missing:  # before anything is restored
             raise ValueError(f"tying state is missing {missing}; expected the keys of AgentDecisions.state_dict()")
         sums = state.pop("window_loss_sums")

@@ -156,6 +156,8 @@ class TyingDecisions:
         settings: the `TyingTrainingArguments` fields the strategy reads, each with the value it takes when left
             unset (`None`: stays unset). `TyingTrainingArguments` refuses every other tying setting, fills these
             defaults, and a resumed run must repeat them.
+        state_keys: the keys `state_dict` always writes and `load_state_dict` needs (a checkpoint's tying state is
+            refused as a pre-release layout without them: `checkpoint_format.migrate_tying_state`).
         needs_tied_model: whether the model must be a `TiedBlocksMixin` model.
         changes_map: whether the map changes during training (so DDP cannot assume a static graph).
     """
@@ -163,6 +165,7 @@ class TyingDecisions:
     mode: ClassVar[str] = "none"
     argument: ClassVar[str | None] = None
     settings: ClassVar[dict[str, Any]] = {}
+    state_keys: ClassVar[tuple[str, ...]] = ()
     needs_tied_model: ClassVar[bool] = False
     changes_map: ClassVar[bool] = False
 

@@ -25,7 +25,7 @@ from transformers import (
 )
 
 from ..checks import perplexity
-from ..serving import check_looped_class, looped_layout, save_for_serving
+from ..serving import check_servable_model, looped_layout, save_for_serving
 from ..toolkit import (
     ModelArguments,
     bigram_loss,
@@ -123,6 +123,7 @@ def parse_arguments(task: LanguageModelingTask, argv: list[str] | None = None) -
         )
     if not (training_args.do_train or training_args.do_eval):
         raise ValueError("Nothing to do: pass --do_train, --do_eval or both (see --help)")
+    _refuse_serving_into_output_dir(data_args.serving_output_dir, training_args.output_dir)
     if not training_args.do_train and model_args.model_name_or_path is None:
         raise ValueError(
             "--do_eval without --do_train scores the model of --model_name_or_path, and none was given (a model built "
@@ -310,7 +311,10 @@ def _train_and_evaluate(
             (Path(output_dir) / EVALUATION_SETTINGS_FILE).write_text(settings)
         metrics.update(eval_metrics)
     if data_args.serving_output_dir is not None and trainer.is_world_process_zero():
-        layout = save_for_serving(trainer.model, data_args.serving_output_dir, tokenizer)
+        try:
+            layout = save_for_serving(trainer.model, data_args.serving_output_dir, tokenizer)
+        except ValueError as error:  # a map a strategy chose: the trained model is saved in output_dir all the same
+            raise ValueError(f"--serving_output_dir {data_args.serving_output_dir}: {error} (the trained model is in {output_dir})") from None
         logger.warning(f"Wrote {data_args.serving_output_dir} for serving: {layout.blocks} blocks stored, run {layout.loops} times")
     trainer.create_model_card()  # the card takes eval_loss and perplexity from the last evaluation
     if training_args.push_to_hub:
@@ -323,11 +327,27 @@ def _train_and_evaluate(
     return metrics
 
 
+def _refuse_serving_into_output_dir(serving_output_dir: str | None, output_dir: str) -> None:
+    """The serving export's config (`model_type: nanbeige`) would replace the tied run's, which then no longer loads
+    nor resumes: it needs a folder of its own, neither the output folder nor inside it, nor around it."""
+    if serving_output_dir is None:
+        return
+    serving, output = Path(serving_output_dir).resolve(), Path(output_dir).resolve()
+    if serving == output or output in serving.parents or serving in output.parents:
+        raise ValueError(
+            f"--serving_output_dir {serving_output_dir} overlaps --output_dir {output_dir}: the serving export's "
+            f"config.json would replace the tied model's, which then no longer loads. Pass a folder of its own"
+        )
+
+
 def _check_servable(trainer: TyingTrainer, folder: str) -> None:
-    """Refuse `--serving_output_dir` before training where the model cannot be served in the looped format: its class
-    always, its map where the strategy keeps it fixed (one that changes it is checked on the trained model)."""
+    """Refuse `--serving_output_dir` before training where the trained model could not be served in the looped
+    format: what training does not change (class, window, loop recipe, adapters, `--lora_rank`'s to come) always, the
+    map where the strategy keeps it fixed (one that changes it is checked on the trained model)."""
     try:
-        (check_looped_class if trainer.args.decisions_class.changes_map else looped_layout)(trainer.model)
+        if trainer.args.lora_rank is not None:
+            raise ValueError(f"lora_rank={trainer.args.lora_rank} relaxes the ties with per-position adapters, which make each loop differ: the looped format cannot express them")
+        (check_servable_model if trainer.args.decisions_class.changes_map else looped_layout)(trainer.model)
     except ValueError as error:
         raise ValueError(f"--serving_output_dir {folder}: {error}") from None
 
@@ -511,6 +531,8 @@ def _asked_beyond_saved(
         asked.append(f"an evaluation with {', '.join(changed)} (the saved one had other data settings)")
     if training_args.push_to_hub:
         asked.append("a push to the Hub (--push_to_hub)")
+    if data_args.serving_output_dir is not None and not (Path(data_args.serving_output_dir) / "config.json").is_file():
+        asked.append("a serving export (--serving_output_dir)")
     return asked
 
 

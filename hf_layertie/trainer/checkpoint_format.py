@@ -97,18 +97,21 @@ def migrate_tying_state(state: dict, path: str) -> dict:
       ever wrote them.
     """
     version = state.get("format_version", 0)
-    if not isinstance(version, int) or version > TYING_STATE_FORMAT_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"{path} has tying state format {version!r}, not a format version: not a tying state hf-layertie wrote")
+    if version > TYING_STATE_FORMAT_VERSION:
         raise ValueError(
             f"{path} has tying state format {version!r}, newer than this hf-layertie reads "
             f"({TYING_STATE_FORMAT_VERSION}): upgrade hf-layertie to resume it"
         )
-    missing = sorted(TYING_STATE_KEYS - state.keys())
+    decisions = DECISIONS.get(split_strategy(state["tying_strategy"])[0])
+    nested = {"rows", "pending_row", *(decisions.state_keys if decisions is not None else ())}
+    missing = sorted(TYING_STATE_KEYS - state.keys()) + sorted(nested - set(state["decisions"]))
     if missing:
         raise ValueError(
             f"{path} holds a tying state of a pre-release layout (without {', '.join(missing)}), which this version "
             f"does not resume: train into a new output_dir, or resume with the version that saved it"
         )
-    decisions = DECISIONS.get(split_strategy(state["tying_strategy"])[0])
     defaults = {**(decisions.settings if decisions is not None else {}), **dict.fromkeys((*DISTILLATION_SETTINGS, *LOOP_SETTINGS))}
     return {**state, "settings": {**defaults, **state["settings"]}, "format_version": TYING_STATE_FORMAT_VERSION}
 
