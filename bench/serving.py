@@ -51,7 +51,7 @@ CONVERTER_CACHE = Path.home() / ".cache" / "hf-layertie"
 # 600 steps: GPT-2's 50,257-token output layer makes a step about 15 times the default's on one thread.
 TRAINING_FLAGS = (
     "--model_type", "tied_llama", "--tying_strategy", "static:cycle:2", "--tokenizer_name", "gpt2", "--max_steps", "600",
-    "--seed", "0", "--report_to", "none",
+    "--save_steps", "200", "--seed", "0", "--report_to", "none",
 )  # fmt: skip
 # llama.cpp's file types (`llama_ftype`) of the quantised GGUFs.
 QUANTISATIONS = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}

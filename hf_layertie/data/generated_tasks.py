@@ -12,6 +12,7 @@ offers). The task: k-hop induction (`hop_induction`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import datasets
@@ -29,10 +30,12 @@ IGNORE_INDEX = -100
 MAX_SPLIT_TOKENS = 20_000_000
 
 
-def read_task_settings(task: str, text: str, names) -> dict[str, str]:
-    """`"key=value,key=value"` as `{key: value}`, every key one of `names` and given once (a repeated key would
-    silently keep its last value)."""
-    values = {}
+def read_task_settings(task: str, text: str, config_class: type, text_fields: tuple[str, ...] = ()) -> dict[str, object]:
+    """`"key=value,key=value"` as `{key: value}` for `config_class` (a task's settings dataclass): every key one of its
+    fields and given once (a repeated key would silently keep its last value), every value an integer but those of
+    `text_fields`. Errors name the task and the key."""
+    names = sorted(field.name for field in dataclasses.fields(config_class))
+    values: dict[str, object] = {}
     for item in text.split(","):
         key, _, value = (part.strip() for part in item.partition("="))
         if key not in names:
@@ -40,6 +43,12 @@ def read_task_settings(task: str, text: str, names) -> dict[str, str]:
         if key in values:
             raise ValueError(f"{task} setting {key!r} is given twice ({key}={values[key]}, {key}={value}): give it once")
         values[key] = value
+    for key, value in values.items():
+        if key not in text_fields:
+            try:
+                values[key] = int(value)
+            except ValueError:
+                raise ValueError(f"{task} {key} must be an integer, got {value!r}") from None
     return values
 
 

@@ -63,16 +63,7 @@ class HopInductionConfig:
     @classmethod
     def from_string(cls, text: str | None) -> HopInductionConfig:
         """`"length=64,max_hops=4"` (None or empty: the defaults); errors name the key."""
-        if not text:
-            return cls()
-        names = sorted(field.name for field in dataclasses.fields(cls))
-        values = {}
-        for key, value in read_task_settings("hop_induction", text, names).items():
-            try:
-                values[key] = int(value)
-            except ValueError:
-                raise ValueError(f"hop_induction {key} must be an integer, got {value!r}") from None
-        return cls(**values)
+        return cls(**read_task_settings("hop_induction", text, cls)) if text else cls()
 
     @property
     def sequence_length(self) -> int:

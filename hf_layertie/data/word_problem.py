@@ -16,7 +16,6 @@ and the `hop_accuracy` metric report accuracy per position. Everything is genera
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import re
 from dataclasses import dataclass
@@ -62,19 +61,7 @@ class WordProblemConfig:
     @classmethod
     def from_string(cls, text: str | None) -> WordProblemConfig:
         """`"group=A5,length=16"` (None or empty: the defaults); errors name the key."""
-        if not text:
-            return cls()
-        names = sorted(field.name for field in dataclasses.fields(cls))
-        values: dict[str, object] = {}
-        for key, value in read_task_settings("word_problem", text, names).items():
-            if key == "group":
-                values[key] = value
-                continue
-            try:
-                values[key] = int(value)
-            except ValueError:
-                raise ValueError(f"word_problem {key} must be an integer, got {value!r}") from None
-        return cls(**values)
+        return cls(**read_task_settings("word_problem", text, cls, text_fields=("group",))) if text else cls()
 
     @property
     def sequence_length(self) -> int:
