@@ -100,16 +100,21 @@ def quantise(gguf: Path, outfile: Path, kind: str) -> Path:
     return outfile
 
 
-def gguf_tensor_types(gguf: Path) -> dict[str, int]:
-    """How many of a GGUF's tensors hold each type (llama.cpp's K-quants fall back to other types for tensors whose
-    rows are not a multiple of 256 values: at width 96, Q4_K_M stores Q5_0 and Q8_0)."""
-    sys.path.insert(0, str(llama_cpp_converter().parent / "gguf-py"))  # the converter's own gguf-py
+def gguf_tensors(gguf: Path) -> list:
+    """A GGUF's tensors, read by the converter's own gguf-py (the one that knows the looped architecture)."""
+    sys.path.insert(0, str(llama_cpp_converter().parent / "gguf-py"))
     try:
         from gguf import GGUFReader
     finally:
         sys.path.pop(0)
+    return list(GGUFReader(gguf).tensors)
+
+
+def gguf_tensor_types(gguf: Path) -> dict[str, int]:
+    """How many of a GGUF's tensors hold each type (llama.cpp's K-quants fall back to other types for tensors whose
+    rows are not a multiple of 256 values: at width 96, Q4_K_M stores Q5_0 and Q8_0)."""
     types: dict[str, int] = {}
-    for tensor in GGUFReader(gguf).tensors:
+    for tensor in gguf_tensors(gguf):
         types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
     return dict(sorted(types.items()))
 

@@ -95,14 +95,9 @@ def _served_logits(tmp_path, folder, name, prompts):
 
 def _gguf_layers(gguf) -> int:
     """The number of layers whose weights a GGUF stores, from its tensor names (`blk.<i>.`)."""
-    from bench.serving import llama_cpp_converter
+    from bench.serving import gguf_tensors
 
-    sys.path.insert(0, str(llama_cpp_converter().parent / "gguf-py"))  # the converter's own gguf-py
-    try:
-        from gguf import GGUFReader
-    finally:
-        sys.path.pop(0)
-    return len({tensor.name.split(".")[1] for tensor in GGUFReader(gguf).tensors if tensor.name.startswith("blk.")})
+    return len({tensor.name.split(".")[1] for tensor in gguf_tensors(gguf) if tensor.name.startswith("blk.")})
 
 
 class _GgmlGelu(torch.nn.Module):
