@@ -39,6 +39,7 @@ from hf_layertie.toolkit.models import load_model, load_tokenizer
 from hf_layertie.trainer import TyingTrainer, TyingTrainingArguments, plot_tying_history
 
 from .gradient_norms import GradientNorms
+from .loop_study import registration_commit
 from .provenance import provenance
 from .settings import BENCH_PLAYS_DIR, STUDY_SPLITS, BenchSettings, RunSpec
 
@@ -269,6 +270,8 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
     if settings.num_threads is not None:
         torch.set_num_threads(settings.num_threads)
     source = provenance(on_gpu=settings.use_gpu)  # the code this process loaded, not what the tree holds at its end
+    if settings.loop_study is not None:  # the pre-registration governing the run, committed before it started
+        source["preregistration_commit"] = registration_commit(settings.loop_study, settings.preregistration_digest)
     datasets.disable_progress_bars()
     tokenizer, blocks = settings_data(settings)
     memory = spec.kind == "memory"

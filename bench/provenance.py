@@ -18,14 +18,6 @@ PACKAGES = ("torch", "transformers", "accelerate", "datasets", "peft")
 def provenance(on_gpu: bool = False) -> dict:
     """`commit` (with `+dirty` when the work tree differs from it; None outside git), `python`, `versions` and
     `hardware`: the GPU a run trained on (`on_gpu`), else this machine's processor and the threads torch uses."""
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*arguments: str) -> str | None:
-        try:
-            return subprocess.run(["git", "-C", str(root), *arguments], capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-
     commit = git("rev-parse", "HEAD")
     if commit is not None and git("status", "--porcelain", "--untracked-files=no"):
         commit += "+dirty"
@@ -35,6 +27,15 @@ def provenance(on_gpu: bool = False) -> dict:
         "versions": {name: version(name) for name in PACKAGES},
         "hardware": torch.cuda.get_device_name() if on_gpu else f"{processor_name()}, {torch.get_num_threads()} thread(s) per run",
     }
+
+
+def git(*arguments: str, root: Path = Path(__file__).resolve().parents[1]) -> str | None:
+    """A git command's output in the repository at `root` (this one); None outside git (a `git archive` copy) or
+    when it fails."""
+    try:
+        return subprocess.run(["git", "-C", str(root), *arguments], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def processor_name() -> str:

@@ -391,8 +391,18 @@ def write_report(settings: BenchSettings, output: Path, tuning: dict | None = No
     if settings.eval_interval:
         _plot_validation(settings, summary, table, report_dir / "validation_over_steps.png")
     report = report_dir / "results.md"
-    write_whole(report, (_partial_loop_markdown if settings.partial_loops else _markdown)(settings, payload))
+    write_whole(report, _markdown_of(settings)(settings, payload))
     return report
+
+
+def _markdown_of(settings: BenchSettings):
+    """The report's text for the preset's kind of plan: a loop study task's (bench/loop_report.py, which builds on
+    this module's helpers), partial loops', or the study's."""
+    if settings.loop_study is not None:
+        from .loop_report import loop_study_markdown  # imports this module: imported here, when needed
+
+        return loop_study_markdown
+    return _partial_loop_markdown if settings.partial_loops else _markdown
 
 
 def _markdown(settings: BenchSettings, payload: dict) -> str:

@@ -22,6 +22,7 @@ from transformers import HfArgumentParser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.loop_study import registration_commit  # noqa: E402
 from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.measure import count_bigram_test_loss, missing_device, run, task_data  # noqa: E402
 from bench.report import LEARNING_RATES_FILE, load_result, read_learning_rates, write_learning_rates, write_report  # noqa: E402
@@ -39,6 +40,7 @@ from bench.settings import (  # noqa: E402
     memory_runs,
     parse_learning_rates,
     parse_rows,
+    preregistered,
     report_dir,
     resolve_settings,
     results_dir,
@@ -62,6 +64,11 @@ def main() -> None:
         raise SystemExit(f"--learning_rates_from {args.learning_rates_from}: no {LEARNING_RATES_FILE} there")
     if not args.report_only and (problem := missing_device(settings)):
         raise SystemExit(problem)
+    if not args.report_only and settings.loop_study is not None:
+        try:  # no run of a pre-registered study before its pre-registration is committed
+            registration_commit(settings.loop_study, settings.preregistration_digest)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
     claim_results_dir(output, settings)
     if args.tune_learning_rates is not None:
         grid = parse_learning_rates(args.tune_learning_rates)
@@ -81,7 +88,7 @@ def main() -> None:
     learning_rates = tuning["chosen"] if tuning is not None else None
     with_memory = not args.skip_memory and rows is None
     failures = [] if args.report_only else Scheduler(settings, output, args.jobs, with_memory, not args.memory_only, learning_rates, rows).run()
-    report = write_report(with_preset_seeds(settings, PRESETS[args.preset]), output, tuning, report_dir(args))
+    report = write_report(with_preset_seeds(settings, preregistered(PRESETS[args.preset])), output, tuning, report_dir(args))
     print(f"\nReport: {report}")
     refresh_after_report(report)
     if failures:

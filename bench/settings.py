@@ -7,6 +7,7 @@ Every run of one study uses the same settings; the runs of one seed share initia
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from typing import Literal
 from transformers import SchedulerType
 
 from hf_layertie.language_modeling.generated_tasks import HOP_TASKS
+
+from .loop_study import PREREGISTRATION, preregistration_digest, read_preregistration, task_rows
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_PLAYS_DIR = REPO_ROOT / "bench" / "data" / "shakespeare"
@@ -94,6 +97,12 @@ class BenchSettings:
     # folder is claimed (`freeze_recipe`), instead of the schedule and weight decay above: the presets run after the
     # choice (`depth-fresh`, `partial-depth`).
     frozen_recipe: bool = False
+    # Issue 76: one task of the pre-registered study of the loop recipe (presets `loops-*`): its key among the tasks of
+    # bench/preregistration/looped-models.json, which fixes the task, the seeds and the rows (`loop_study_runs`).
+    # `preregistration_digest` is the digest of what the file fixes for that task when the settings were resolved
+    # (`preregistered`): a results folder claimed under one registration of its task refuses runs of another.
+    loop_study: str | None = None
+    preregistration_digest: str | None = None
     # The seed `--tune_learning_rates` trains its grid on. None: the first of `seeds`, whose runs at the chosen rates
     # then count in the study too (default, paper: each row's seed-0 run there is the best of its grid on validation
     # loss). A seed outside `seeds` keeps every seed the study reports out of the choice (partial).
@@ -121,7 +130,7 @@ SCHEDULING_SETTINGS = ("seeds", "tuning_seed", "num_threads", "memory_gradient_c
 LATER_SETTINGS = {
     "task": None, "early_stopping_patience": 0, "partial_loops": False, "lr_scheduler_type": "cosine",
     "weight_decay": 0.1, "gradient_norm_interval": None, "recipe_rows": False, "recipe_agents": False,
-    "frozen_recipe": False,
+    "frozen_recipe": False, "loop_study": None, "preregistration_digest": None,
 }  # fmt: skip
 
 
@@ -232,6 +241,14 @@ PRESETS["depth-fresh"] = dataclasses.replace(
 PRESETS["partial-depth"] = dataclasses.replace(
     PRESETS["depth"], n_layer=6, max_distinct_blocks=3, seeds=tuple(range(5, 10)), partial_loops=True, frozen_recipe=True
 )
+# Issue 76: the pre-registered study of the loop recipe, one preset per task of bench/preregistration/looped-models.json
+# (`loop_study`: its key there), which gives the task, the seeds and the rows (bench/loop_study.py). The depth tasks
+# train depth's model and steps under the recipe frozen for depth-fresh; language trains partial's model, data, steps
+# and schedule at the rate partial's seed 0 chose for every one of its rows (3e-3, the preset's). Seeds and task are
+# filled in from the file when the settings are resolved (`preregistered`).
+_LOOP_DEPTH_TASK = dataclasses.replace(PRESETS["depth"], frozen_recipe=True, seeds=())
+PRESETS["loops-hop"] = dataclasses.replace(_LOOP_DEPTH_TASK, loop_study="k-hop")
+PRESETS["loops-language"] = dataclasses.replace(PRESETS["partial"], n_layer=12, partial_loops=False, seeds=(), tuning_seed=None, loop_study="language")
 RECIPE_REPORT = REPO_ROOT / "bench" / "reports" / "study" / "recipe" / "results.json"
 RECIPE_FIELDS = ("lr_scheduler_type", "weight_decay")
 
@@ -302,7 +319,7 @@ class BenchArguments:
             "where depth matters, 4 blocks with a budget of 2 (about 6 minutes per run on one core). partial: the default "
             "preset's models and data, 4 untied blocks against the same 4 looped over 5, 6 and 8 positions (10 rows x "
             "10 seeds, no agent). recipe: depth's task and models, the untied and looped rows only, gradient norms "
-            "recorded, to choose a training recipe with --lr_scheduler_type and --weight_decay. depth-fresh: the recipe rows, DLT and random on fresh seeds 5-14 under the recipe bench/recipe_report.py chose (refused until the choice is final). partial-depth: partial's loops on depth's task, 3 untied blocks against the same 3 looped over 4, 5 and 6 positions, seeds 5-9, under that recipe too. gpu: 12 x 384 on one GPU, with dropout and model selection as in paper (about an hour for 5 seeds with --jobs 8 on an H200)."
+            "recorded, to choose a training recipe with --lr_scheduler_type and --weight_decay. depth-fresh: the recipe rows, DLT and random on fresh seeds 5-14 under the recipe bench/recipe_report.py chose (refused until the choice is final). partial-depth: partial's loops on depth's task, 3 untied blocks against the same 3 looped over 4, 5 and 6 positions, seeds 5-9, under that recipe too. gpu: 12 x 384 on one GPU, with dropout and model selection as in paper (about an hour for 5 seeds with --jobs 8 on an H200). loops-hop, loops-language: a task of the pre-registered loop study (bench/preregistration/looped-models.json: its task, rows and seeds 100-109; refused until that file is committed), k-hop at about 10 minutes per run on one core, language at about 3."
         },
     )
     results_dir: str | None = field(
@@ -433,9 +450,40 @@ def resolve_settings(args: BenchArguments) -> BenchSettings:
     for name, parse in LIST_FLAGS.items():
         if name in overrides:
             overrides[name] = parse(overrides[name], name)
-    settings = dataclasses.replace(PRESETS[args.preset], **overrides)
+    settings = preregistered(dataclasses.replace(PRESETS[args.preset], **overrides), given=tuple(overrides))
     _check(settings)
     return settings
+
+
+# What a `loop_study` preset takes from the pre-registration, and may not be given by flag.
+PREREGISTERED_FIELDS = ("task", "n_layer", "max_distinct_blocks", "block_size")
+
+
+def preregistered(settings: BenchSettings, given: tuple[str, ...] = ()) -> BenchSettings:
+    """A `loop_study` preset's settings with the pre-registration's task, depth, budget and seeds (`--seeds` may choose
+    others, e.g. for a choice made on seeds 0-4 in a folder of its own) and the file's digest; other settings as
+    they are. `given`: the flags the user set, refused where the file decides."""
+    if settings.loop_study is None:
+        return settings
+    refused = [f"--{name}" for name in PREREGISTERED_FIELDS if name in given]
+    if refused:
+        raise ValueError(f"{', '.join(refused)}: the loops presets take the task, depth and budget from {PREREGISTRATION}")
+    registration = read_preregistration()
+    plan = registration["tasks"].get(settings.loop_study)
+    if plan is None:
+        raise ValueError(f"{PREREGISTRATION}: no task {settings.loop_study!r}; its tasks: {', '.join(registration['tasks'])}")
+    task = plan["task"]
+    block_size = settings.block_size if task is None else task_sequence_length(task)
+    return dataclasses.replace(
+        settings, task=task, n_layer=plan["depth"], max_distinct_blocks=plan["budget"], block_size=block_size,
+        seeds=settings.seeds or tuple(registration["seeds"]), preregistration_digest=preregistration_digest(settings.loop_study),
+    )  # fmt: skip
+
+
+def task_sequence_length(task: str) -> int:
+    """Tokens per example of a generated task, `<name>:<config>`: the context its models need."""
+    name, _, config = task.partition(":")
+    return HOP_TASKS[name].config_class.from_string(config).sequence_length
 
 
 def parse_learning_rates(text: str) -> tuple[float, ...]:
@@ -603,6 +651,8 @@ def run_tiers(settings: BenchSettings) -> list[Callable[[BenchSettings, int], li
     rows alone; `depth-fresh`: those rows, then DLT and random."""
     if settings.partial_loops:
         return [partial_loop_runs]
+    if settings.loop_study is not None:
+        return [functools.partial(loop_study_runs, tier=tier) for tier in LOOP_STUDY_TIERS]
     if settings.recipe_rows:
         return [recipe_runs] + ([agent_runs_at_budget] if settings.recipe_agents else [])
     return [equal_memory_runs, other_strategy_runs] + ([control_runs] if settings.controls else [])
@@ -724,6 +774,18 @@ def recipe_runs(settings: BenchSettings, seed: int) -> list[RunSpec]:
     ]
 
 
+LOOP_STUDY_TIERS = (1, 2, 3)  # bench/loop_study.py: the main rows, each part of the recipe alone, onset and DLT
+
+
+def loop_study_runs(settings: BenchSettings, seed: int, tier: int | None = None) -> list[RunSpec]:
+    """The pre-registered rows of the preset's task (bench/loop_study.py), those of `tier` or all of them."""
+    return [
+        RunSpec(row.label, row.strategy, seed, num_blocks=row.num_blocks, tying=row.tying, looped_config=row.looped_config)
+        for row in task_rows(read_preregistration(), settings.loop_study)
+        if tier is None or row.tier == tier
+    ]
+
+
 def agent_runs_at_budget(settings: BenchSettings, seed: int) -> list[RunSpec]:
     """DLT and random tying capped at the budget, beside the recipe rows."""
     return [dlt_run(seed), RunSpec("random", "random", seed)]
@@ -732,6 +794,8 @@ def agent_runs_at_budget(settings: BenchSettings, seed: int) -> list[RunSpec]:
 def plan_contrasts(settings: BenchSettings) -> dict[str, dict[str, str]]:
     """The rows a plan pairs beyond the study's baselines: label -> {name: other label}. `partial`: each loop in the
     middle against the same loop at the start and at the end."""
+    if settings.loop_study is not None:
+        return {row.label: dict(row.versus) for row in task_rows(read_preregistration(), settings.loop_study) if row.versus}
     if not settings.partial_loops:
         return {}
     budget = settings.max_distinct_blocks
@@ -832,8 +896,8 @@ def at_learning_rates(specs: list[RunSpec], learning_rates: dict[str, float] | N
 def memory_runs(settings: BenchSettings) -> list[RunSpec]:
     """At each depth: conventional training and DLT under the memory budget; and an untied model as deep as the
     budget, the equal-memory alternative (first seed); all of them without and with gradient checkpointing, as
-    `memory_gradient_checkpointing` lists. None for `partial` and `recipe`: their rows hold U blocks' state."""
-    if settings.partial_loops or settings.recipe_rows:
+    `memory_gradient_checkpointing` lists. None for `partial`, `recipe` and the loops presets: their rows hold at most 2U blocks' state."""
+    if settings.partial_loops or settings.recipe_rows or settings.loop_study is not None:
         return []
     models = [(strategy, depth) for depth in settings.memory_depths for strategy in ("none", "dlt")]
     models.append(("none", settings.memory_max_distinct_blocks))

@@ -1,0 +1,130 @@
+"""Issue 76's pre-registered loop study (bench/loop_study.py, presets `loops-*`): the runs are the pre-registration's
+rows and nothing else, each task's settings come from the file and not from flags, and no run starts before the
+file is committed as it is."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))  # `bench` is a folder of the repository, not part of the installed package
+
+from bench.loop_study import PREREGISTRATION, read_preregistration, registration_commit, task_rows  # noqa: E402
+from bench.settings import PRESETS, BenchArguments, independent_runs, memory_runs, plan_contrasts, resolve_settings  # noqa: E402
+from hf_layertie import resolve_tying_map  # noqa: E402
+
+REGISTRATION = read_preregistration()
+LOOP_PRESETS = [name for name, settings in PRESETS.items() if settings.loop_study is not None]
+
+
+def test_every_task_of_the_pre_registration_has_its_preset_and_every_loops_preset_a_task():
+    assert sorted(plan["preset"] for plan in REGISTRATION["tasks"].values()) == sorted(LOOP_PRESETS)
+    for task, plan in REGISTRATION["tasks"].items():
+        assert PRESETS[plan["preset"]].loop_study == task
+
+
+@pytest.mark.parametrize("preset", LOOP_PRESETS)
+def test_a_loops_preset_trains_the_registered_rows_at_the_registered_budget(preset):
+    settings = resolve_settings(BenchArguments(preset=preset))
+    plan = REGISTRATION["tasks"][settings.loop_study]
+    assert settings.seeds == tuple(REGISTRATION["seeds"]) and len(settings.seeds) >= 10
+    assert (settings.task, settings.n_layer, settings.max_distinct_blocks) == (plan["task"], plan["depth"], plan["budget"])
+    runs = independent_runs(settings, settings.seeds[0])
+    assert [spec.label for spec in runs] == [row.label for row in task_rows(REGISTRATION, settings.loop_study)]
+    assert len({spec.directory for spec in runs}) == len(runs)  # no two rows share a run
+    budget = plan["budget"]
+    parts = REGISTRATION["recipe"]
+    # The registered rows: U and 2U untied, each layout alone, under the whole recipe, under each part alone, with
+    # the onset alone and with the recipe, and DLT under the recipe.
+    assert len(runs) == 2 + len(plan["layouts"]) * (2 + len(parts) + 2) + 1
+    by_label = {spec.label: spec for spec in runs}
+    assert (by_label[f"untied, {budget} blocks"].num_blocks, by_label[f"untied, {2 * budget} blocks"].num_blocks) == (budget, 2 * budget)
+    whole = {name: value for part in parts.values() for kind in ("tying", "config") for name, value in part.get(kind, {}).items()}
+    onset = REGISTRATION["onset"]["tying"]
+    for spec in runs:
+        settings_of = dict(spec.tying) | dict(spec.looped_config)
+        if spec.strategy.startswith("static:"):
+            layout = resolve_tying_map(spec.strategy.removeprefix("static:"), spec.num_blocks)
+            assert layout.num_distinct == budget and len(layout) > budget  # every layout loops U blocks
+        if spec.strategy.startswith("static:") and spec.label.endswith(" + recipe"):
+            assert settings_of == whole | (onset if "+ onset +" in spec.label else {})
+        if spec.label == "dlt + recipe":  # a moving map takes every part but the adapters, which only fixed maps have
+            assert spec.strategy == "dlt" and settings_of == {k: v for k, v in whole.items() if not k.startswith("lora_")}
+    assert memory_runs(settings) == []
+    contrasts = plan_contrasts(settings)
+    assert all(other in by_label for versus in contrasts.values() for other in versus.values())
+
+
+def test_the_pre_registration_fixes_the_language_margin_and_a_hypothesis_per_question():
+    assert REGISTRATION["margin_nats"] == 0.05
+    assert [key.split()[0] for key in REGISTRATION["hypotheses"]] == [f"H{number}" for number in range(1, 8)]
+
+
+def test_a_loops_preset_takes_no_task_depth_or_budget_by_flag_but_may_take_other_seeds():
+    with pytest.raises(ValueError, match=r"--task, --n_layer: the loops presets take the task, depth and budget from .*looped-models.json"):
+        resolve_settings(BenchArguments(preset="loops-hop", task="hop_induction:length=16,max_hops=2", n_layer=6))
+    assert resolve_settings(BenchArguments(preset="loops-hop", seeds="0,1")).seeds == (0, 1)  # a choice made on seeds 0-4
+    settings = resolve_settings(BenchArguments(preset="loops-hop"))
+    assert settings.preregistration_digest is not None and settings.preregistration_digest in settings.fingerprint()
+
+
+def test_a_malformed_pre_registration_is_refused_naming_the_key(tmp_path):
+    path = tmp_path / "looped-models.json"
+    broken = json.loads(PREREGISTRATION.read_text())
+    broken["recipe"]["rate"] = {"tying": {"learning_rate": 0.1}}
+    path.write_text(json.dumps(broken))
+    with pytest.raises(ValueError, match=r"recipe part 'rate' sets learning_rate under 'tying'; allowed: loop_lr_exponent"):
+        read_preregistration(path)
+    del broken["seeds"]
+    path.write_text(json.dumps(broken))
+    with pytest.raises(ValueError, match=r"the pre-registration has no 'seeds'"):
+        read_preregistration(path)
+
+
+def test_no_run_starts_before_its_pre_registration_is_committed_as_it_is(tmp_path):
+    """Untracked, committed, then edited: only the committed, unedited file gives the commit every record names."""
+    from bench.loop_study import preregistration_digest
+
+    def git(*arguments):
+        subprocess.run(["git", "-C", str(tmp_path), *arguments], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "study@example.com")
+    git("config", "user.name", "study")
+    path = tmp_path / "looped-models.json"
+    path.write_text(PREREGISTRATION.read_text())
+    digest = preregistration_digest("k-hop", path)
+    with pytest.raises(ValueError, match="is not committed as it is now, with task 'k-hop' registered .* commit the pre-registration before"):
+        registration_commit("k-hop", digest, path)
+    git("add", path.name)
+    git("commit", "-qm", "register")
+    commit = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert registration_commit("k-hop", digest, path) == commit
+    registration = json.loads(path.read_text())
+    path.write_text(json.dumps(registration | {"margin_nats": 0.1}))
+    with pytest.raises(ValueError, match="is not committed as it is now"):
+        registration_commit("k-hop", digest, path)
+    with pytest.raises(ValueError, match="is not committed as it is now"):  # nor under the edited file's own digest
+        registration_commit("k-hop", preregistration_digest("k-hop", path), path)
+    # Committed with the margin changed, the task's registration is another: its earlier settings are refused.
+    git("commit", "-qam", "margin changed")
+    with pytest.raises(ValueError, match="is not committed as it is now"):
+        registration_commit("k-hop", digest, path)
+    # Another task registered later leaves this one's registration standing.
+    path.write_text(json.dumps(registration | {"tasks": registration["tasks"] | {"later": registration["tasks"]["k-hop"]}}))
+    git("commit", "-qam", "a task added")
+    assert preregistration_digest("k-hop", path) == digest
+    assert registration_commit("k-hop", digest, path) != commit  # the file's latest commit, which holds it unchanged
+
+
+def test_the_loops_presets_share_their_model_and_steps_with_the_studies_they_extend():
+    """The depth tasks train depth's model and steps under the frozen recipe; language trains partial's."""
+    for name in LOOP_PRESETS:
+        settings, task = PRESETS[name], PRESETS[name].loop_study
+        parent = PRESETS["partial"] if task == "language" else PRESETS["depth"]
+        assert dataclasses.replace(settings, loop_study=None, seeds=parent.seeds, n_layer=parent.n_layer, partial_loops=parent.partial_loops,
+                                   tuning_seed=parent.tuning_seed, frozen_recipe=parent.frozen_recipe) == parent  # fmt: skip
