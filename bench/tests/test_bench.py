@@ -21,7 +21,7 @@ import torch
 from scipy import stats
 from tqdm.auto import tqdm
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))  # `bench` is a folder of the repository, not part of the installed package
 
 from bench.provenance import processor_name  # noqa: E402
