@@ -11,6 +11,7 @@ from hf_layertie.data.generated_tasks import IGNORE_INDEX
 from hf_layertie.data.word_problem import (
     WordProblemConfig,
     elements,
+    is_solvable,
     multiplication_table,
     word_problem_datasets,
     word_problem_tokenizer,
@@ -40,6 +41,29 @@ def test_the_table_is_the_composition_of_the_permutations(group):
     table = multiplication_table(group)
     index = {member: position for position, member in enumerate(members)}
     assert all(table[a, b] == index[compose(members[a], members[b])] for a in range(len(members)) for b in range(len(members)))
+
+
+def derived_series_ends_trivial(table: np.ndarray) -> bool:
+    """Solvability from the table alone: take the subgroup the commutators generate until it stops shrinking;
+    the group is solvable when that ends at the identity."""
+    inverse = np.argmin(table, axis=1)  # the identity is element 0: a b = 0 where b is a's inverse
+    subgroup = set(range(len(table)))
+    while len(subgroup) > 1:
+        generated = {int(table[table[a, b], table[inverse[a], inverse[b]]]) for a in subgroup for b in subgroup}
+        while True:  # closed under products: the subgroup the commutators generate
+            grown = generated | {int(table[a, b]) for a in generated for b in generated}
+            if grown == generated:
+                break
+            generated = grown
+        if generated == subgroup:
+            return False
+        subgroup = generated
+    return True
+
+
+@pytest.mark.parametrize("group", ["S2", "S3", "A3", "S4", "A4", "A5", "S5", "Z6"])
+def test_a_group_is_solvable_as_its_derived_series_says(group):
+    assert is_solvable(group) == derived_series_ends_trivial(multiplication_table(group))
 
 
 def test_a5_is_not_abelian_and_z_n_is():

@@ -94,6 +94,13 @@ def elements(group: str) -> tuple[tuple[int, ...], ...]:
     return tuple(p for p in permutations if kind == "S" or _is_even(p))
 
 
+def is_solvable(group: str) -> bool:
+    """Whether `group` is solvable: every cyclic group, and the symmetric and alternating groups of up to 4 points
+    (S<n> and A<n> from 5 points on are not). Which kind a word problem is decides what depth it needs."""
+    kind, degree = _group_kind(group)
+    return kind == "Z" or degree <= 4
+
+
 def _is_even(permutation: tuple[int, ...]) -> bool:
     inversions = sum(1 for i, j in itertools.combinations(range(len(permutation)), 2) if permutation[i] > permutation[j])
     return inversions % 2 == 0
