@@ -115,7 +115,7 @@ def relax_ties(
     The base weights keep the trainability they had (PEFT would freeze them: relaxed ties train them too). With
     `lora_init="svd"`, each position's LoRA starts from the rank-`lora_rank` truncated SVD of `weights_before[b]`
     (the weights block `b` computed with before its map was applied, by name within the block, as
-    `TyingTrainer._block_weights` gives them) minus the weights it shares now; a position whose weights did not
+    `TyingEngine.block_weights` gives them) minus the weights it shares now; a position whose weights did not
     change keeps PEFT's initialisation (zero update). `"zero"`: PEFT's initialisation everywhere, so the relaxed
     model starts as the tied one. `lora_alpha = lora_rank`: the update is `B @ A`, unscaled, at every rank.
     """

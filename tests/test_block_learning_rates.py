@@ -8,7 +8,7 @@ from test_tying_trainer import make_trainer, tiny_model, token_dataset, tying_ar
 from transformers import TrainerCallback
 
 from hf_layertie import TyingTrainer, TyingTrainingArguments
-from hf_layertie.trainer.block_learning_rates import BLOCK_USES, block_uses
+from hf_layertie.engine.block_learning_rates import BLOCK_USES, block_uses
 
 
 def one_sgd_step(tmp_path, **settings) -> dict[str, torch.Tensor]:

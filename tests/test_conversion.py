@@ -135,11 +135,11 @@ def test_untie_init_own_restores_only_the_block_a_decision_unties(tmp_path):
     trainer.optimizer.step()  # every weight moves from its start and has AdamW state
     trained = {name: parameter.detach().clone() for name, parameter in block_parameters(model, 1).items()}
 
-    trainer._apply(Decision(index=0, step=1, map_after=TyingMap([0, 0, 2, 2]), block=1, source=0, untie_to_start=True))
+    trainer.engine.apply(Decision(index=0, step=1, map_after=TyingMap([0, 0, 2, 2]), block=1, source=0, untie_to_start=True))
     for name, parameter in block_parameters(model, 2).items():
         assert torch.equal(parameter, trained[name]) and "exp_avg" in trainer.optimizer.state[parameter]
 
-    trainer._apply(Decision(index=1, step=2, map_after=TyingMap([0, 0, 2, 3]), block=3, source=3, untie_to_start=True))
+    trainer.engine.apply(Decision(index=1, step=2, map_after=TyingMap([0, 0, 2, 3]), block=3, source=3, untie_to_start=True))
     for name, parameter in block_parameters(model, 3).items():
         assert torch.equal(parameter, start[3][name]) and parameter not in trainer.optimizer.state
     for name, parameter in block_parameters(model, 2).items():

@@ -945,7 +945,7 @@ def test_trainer_card_arguments_the_tied_card_cannot_take_are_named_in_a_warning
 
 def test_a_tying_state_without_its_loss_window_is_refused_naming_the_key(tmp_path):
     trainer = make_trainer(tmp_path, tying_strategy="dlt", max_steps=2)
-    observation = trainer._observation()
+    observation = trainer.engine.observation()
     state = trainer.decisions.state_dict(observation)
     del state["window_loss_sums"]
     with pytest.raises(ValueError, match=r"tying state is missing \['window_loss_sums'\]"):
@@ -953,12 +953,12 @@ def test_a_tying_state_without_its_loss_window_is_refused_naming_the_key(tmp_pat
 
 
 def test_deepspeed_is_refused_for_tied_models_naming_what_works():
-    from hf_layertie.trainer.tying_trainer import _refuse_engine
+    from hf_layertie.trainer.guards import refuse_engine
 
     with pytest.raises(ValueError, match=r"not train tied models under DeepSpeed.*accelerate launch --multi_gpu.*shard_tied_model"):
-        _refuse_engine(tiny_model(), "DeepSpeed", enabled=True)
-    _refuse_engine(tiny_model(), "DeepSpeed", enabled=False)
-    _refuse_engine(torch.nn.Linear(2, 2), "DeepSpeed", enabled=True)  # a model with nothing tied trains as usual
+        refuse_engine(tiny_model(), "DeepSpeed", enabled=True)
+    refuse_engine(tiny_model(), "DeepSpeed", enabled=False)
+    refuse_engine(torch.nn.Linear(2, 2), "DeepSpeed", enabled=True)  # a model with nothing tied trains as usual
 
 
 def test_a_resume_brings_an_optimizer_passed_in_along_to_the_checkpoint_s_map(tmp_path):
@@ -1021,7 +1021,7 @@ def test_only_an_error_that_reads_as_a_full_disk_is_blamed_on_the_disk(tmp_path)
 def test_a_re_tie_keeps_the_optimizer_s_parameters_from_outside_the_model():
     """A Parameter the user's optimizer trains beside the model (a learnable loss weight) stays in its group through
     re-ties; the model's own follow the map."""
-    from hf_layertie.trainer.optimizer_sync import sync_optimizer_with_model
+    from hf_layertie.engine.optimizer_sync import sync_optimizer_with_model
 
     model = tiny_model()
     loss_weight = torch.nn.Parameter(torch.ones(1))

@@ -1,11 +1,12 @@
 """Training with tying strategies: `TyingTrainingArguments` next to the `TyingTrainer` that reads them."""
 
+from ..engine.optimizer_sync import rebuild_data_parallel, sync_optimizer_with_model
+from ..engine.tying_history import TYING_HISTORY_NAME
 from .checkpoint_format import TYING_STATE_NAME
-from .optimizer_sync import rebuild_data_parallel, sync_optimizer_with_model
+from .guards import check_resumes_saved_settings
 from .training_args import TyingTrainingArguments
-from .tying_history import TYING_HISTORY_NAME
-from .tying_plot import plot_tying_history
-from .tying_trainer import TYING_PLOT_NAME, TyingTrainer, check_resumes_saved_settings
+from .tying_plot import TYING_PLOT_NAME, plot_tying_history
+from .tying_trainer import TyingTrainer
 
 __all__ = [
     "TYING_HISTORY_NAME",

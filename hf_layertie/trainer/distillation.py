@@ -127,6 +127,36 @@ class Distillation:
         return distillation_loss(student_logits, teacher_logits, labels, self.temperature, self.alpha, num_items_in_batch)
 
 
+def start_distillation(args, student, processing_class=None, compute_loss_func=None) -> Distillation | None:
+    """With `args.distill_from`, load the teacher for `student` and return the mixed loss, which the trainer makes its
+    `compute_loss_func` (so that the Trainer counts the scored tokens and scales the loss as it does the model's own);
+    None without. Refused beside a `compute_loss_func` or label smoothing of the user's, and under DataParallel. Logs
+    the teacher's memory once."""
+    if args.distill_from is None:
+        return None
+    if compute_loss_func is not None or args.label_smoothing_factor != 0:
+        raise ValueError(
+            "distill_from replaces the training loss: leave compute_loss_func and label_smoothing_factor unset "
+            "(the next-token term of the mix is the plain cross-entropy)"
+        )
+    if args.n_gpu > 1:
+        raise ValueError(
+            f"distill_from under torch.nn.DataParallel ({args.n_gpu} GPUs in one process): the Trainer scales a loss "
+            "computed once on the gathered batch as if each GPU had computed its own, so the mix would count "
+            f"{args.n_gpu} times. Launch one process per GPU (accelerate launch, or torchrun)"
+        )
+    distillation = Distillation.load(
+        args.distill_from, args.distillation_temperature, args.distillation_alpha, student, processing_class
+    )
+    student_mib = sum(parameter.numel() * parameter.element_size() for parameter in student.parameters()) / 2**20
+    logger.info(
+        f"Distilling from {args.distill_from} (T={args.distillation_temperature}, alpha={args.distillation_alpha:.4g}): "
+        f"the teacher holds {distillation.parameters_mib:,.2f} MiB of frozen parameters on {distillation.teacher.device}, outside "
+        f"the student's training state (its parameters: {student_mib:,.2f} MiB, before gradients and optimizer state)"
+    )
+    return distillation
+
+
 def check_causal_student(student) -> None:
     """Refuse a student whose loss is not transformers' causal one (`loss_type="ForCausalLM"`, every causal tied
     class): the Trainer counts shifted labels only for it, and a masked language model (BERT) scores other tokens

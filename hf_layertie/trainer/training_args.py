@@ -24,9 +24,9 @@ from ..decisions import DECISIONS, TyingDecisions, split_strategy
 from ..decisions.agent import REWARD_SOURCES, UNTIE_INITS
 from ..dlt.agent_config import AgentSettings
 from ..dlt.reward import REWARD_KINDS
+from ..engine.block_learning_rates import check_loop_lr_exponent
 from ..models.configuration_tying import TIE_INITS
 from ..relaxed_ties import LORA_INITS
-from .block_learning_rates import check_loop_lr_exponent
 from .loop_schedule import LOOP_SCHEDULES, check_loop_settings
 
 # Knowledge distillation: read by `TyingTrainer` under every strategy (`hf_layertie.trainer.distillation`).

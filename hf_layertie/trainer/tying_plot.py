@@ -7,6 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
+# The plot's file name, beside the model and in its card.
+TYING_PLOT_NAME = "tying_map.png"
+
 
 def plot_tying_history(
     records: list[dict],

@@ -1,13 +1,13 @@
 """`TyingTrainer`: transformers' Trainer with a tying strategy inside `training_step`.
 
-The strategy (`hf_layertie.decisions`, chosen by `TyingTrainingArguments.tying_strategy`) says when a decision
-is due and what it is, from what it observes (`Observation`); the trainer does the rest, in one place (`_take`). On
-the first micro-batch of an optimizer step where a decision is due (so exactly once per optimizer step, whatever
-the gradient accumulation), the strategy returns the `Decision` on the main process, the trainer sends it to the
-other processes, every process re-ties its model and brings the optimizer (`sync_optimizer_with_model`) and the DDP
-wrapper (`rebuild_data_parallel`) in line with the model's Parameters, and the decision enters the run's history
-(`TyingHistory`, `tying_history.jsonl`) and `Trainer.log`.
-
+The strategy (`hf_layertie.decisions`, chosen by `TyingTrainingArguments.tying_strategy`) decides and the tying
+engine (`hf_layertie.engine.TyingEngine`) takes its decisions: on the first micro-batch of an optimizer step where a
+decision is due (so exactly once per optimizer step, whatever the gradient accumulation), the main process's
+`Decision` reaches every process, each re-ties its model and brings the optimizer and the DDP wrapper
+(`rebuild_data_parallel`) in line, and the decision enters the run's history (`tying_history.jsonl`) and
+`Trainer.log`. The trainer is the glue: it hands the engine the Trainer's optimizer, wrapper, accelerator
+(`hf_layertie.engine.AcceleratorProcesses`) and held-out reward batch, and keeps the engine's state in its
+checkpoints. The refusals of settings that cannot work are in `guards`.
 Checkpoints carry the strategy's state (`checkpoint_format`) next to a model whose config holds that step's map;
 resuming re-ties the model to the checkpoint's map before loading its weights, and is refused when the checkpoint
 was saved under other tying settings (`TyingTrainingArguments.resume_settings`). The final model is saved with its
@@ -23,26 +23,23 @@ optimizer, the DDP wrapper or a checkpoint, and a resumed run loads it again.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import logging
-import math
 import os
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from accelerate.utils import broadcast_object_list, gather_object
 from transformers import Trainer, TrainerState
-from transformers.integrations import is_tensorboard_available
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotate_checkpoints
 
-from ..block_similarity import block_angular_distances
 from ..checks import perplexity
-from ..decisions import Decision, Observation, TyingDecisions
-from ..model_card import build_model_card, write_model_card
+from ..decisions import TyingDecisions
+from ..engine import OVERHEAD_PARTS, TyingEngine, TyingHistory
+from ..engine.block_learning_rates import split_by_block_uses
+from ..engine.optimizer_sync import check_data_parallel_can_rebuild, rebuild_data_parallel
+from ..engine.processes import AcceleratorProcesses
+from ..model_card import write_model_card
 from ..models._compat import (
     carries_integrated_adapters,
     check_trainer_private_api,
@@ -51,11 +48,8 @@ from ..models._compat import (
     remove_unused_columns,
     trainer_output_dir,
 )
-from ..models.adapter_export import is_adapter_layer
-from ..models.tied_blocks import ParameterCounts, TiedBlocksMixin
-from ..models.tying_map import TyingMap
-from ..relaxed_ties import check_lora_rank, holds_adapters, load_relaxed_weights, relax_ties
-from .block_learning_rates import split_by_block_uses
+from ..models.tied_blocks import TiedBlocksMixin
+from ..relaxed_ties import check_lora_rank, holds_adapters, load_relaxed_weights
 from .checkpoint_format import (
     TYING_STATE_NAME,
     check_checkpoint_readable,
@@ -72,24 +66,34 @@ from .checkpoint_format import (
     write_tying_state,
 )
 from .compilation import compile_regionally
-from .distillation import Distillation
+from .distillation import start_distillation
+from .guards import (
+    check_model_can_tie,
+    check_resumes_saved_settings,
+    checked_card_kwargs,
+    matplotlib_installed,
+    refuse_engine,
+    refuse_loop_lr_without_own_optimizer,
+    refuse_loop_onset_without_loops,
+    refuse_model_init,
+    refuse_moving_relaxed_ties,
+    refuse_trainer_settings_that_cannot_follow_reties,
+    refuse_unread_reward_dataset,
+    report_to_installed_tensorboard_only,
+    set_aside,
+)
+from .held_out_reward import HeldOutReward, select_reward_examples
 from .loop_schedule import skipped_over_training, skipped_positions_at
 from .non_finite_loss import NonFiniteLossGuard
-from .optimizer_sync import add_to_optimizer, rebuild_data_parallel, sync_optimizer_with_model
 from .training_args import LOOP_SETTINGS, TyingTrainingArguments
 from .training_totals import TrainingTotals
-from .tying_history import TyingHistory
-from .tying_plot import plot_tying_history, require_matplotlib
+from .tying_plot import TYING_PLOT_NAME, plot_tying_history
 
 logger = logging.getLogger(__name__)
 # The private Trainer methods below override or call (`_compat.TRAINER_PRIVATE_API`): a rename fails here, by name.
 check_trainer_private_api(Trainer)
 
-TYING_PLOT_NAME = "tying_map.png"
-# Where the agent's wall time goes (`TyingTrainer.tying_seconds`).
-OVERHEAD_PARTS = ("reward", "decision", "retie", "optimizer_sync", "ddp_rebuild", "logging")
-# Row fields that are not measurements (left out of `Trainer.log`).
-_ROW_LABELS = ("index", "step", "block", "source")
+__all__ = ["OVERHEAD_PARTS", "TYING_PLOT_NAME", "TyingTrainer", "check_resumes_saved_settings"]
 
 
 class TyingTrainer(Trainer):
@@ -132,20 +136,17 @@ class TyingTrainer(Trainer):
     ):
         if not isinstance(args, TyingTrainingArguments):
             raise TypeError(f"TyingTrainer needs args of type TyingTrainingArguments, got {type(args).__name__}")
-        _refuse_engine(model, "FSDP", bool(args.fsdp))
-        _refuse_model_init(args, kwargs.get("model_init"))
-        _refuse_unread_reward_dataset(args, reward_dataset)
-        _report_to_installed_tensorboard_only(args)
+        refuse_engine(model, "FSDP", bool(args.fsdp))
+        refuse_model_init(args, kwargs.get("model_init"))
+        refuse_unread_reward_dataset(args, reward_dataset)
+        report_to_installed_tensorboard_only(args)
         super().__init__(model=model, args=args, **kwargs)
-        _refuse_engine(self.model, "FSDP", self.is_fsdp_enabled)  # accelerate's plugin (`accelerate launch --use_fsdp`)
-        _refuse_engine(self.model, "DeepSpeed", self.is_deepspeed_enabled)
-        self.model_card_kwargs = _checked_card_kwargs(model_card_kwargs)
-        self.tying_seconds = dict.fromkeys(OVERHEAD_PARTS, 0.0)
-        self.history = TyingHistory(args.output_dir)
+        refuse_engine(self.model, "FSDP", self.is_fsdp_enabled)  # accelerate's plugin (`accelerate launch --use_fsdp`)
+        refuse_engine(self.model, "DeepSpeed", self.is_deepspeed_enabled)
+        self.model_card_kwargs = checked_card_kwargs(model_card_kwargs)
         self._non_finite_loss = NonFiniteLossGuard()
         self._run_checked = False
-        self._reward_examples = None
-        self._reward_batches = None
+        self._held_out_reward: HeldOutReward | None = None
         self._best_step_loaded: int | None = None  # the best checkpoint's step, once its model is loaded at the end
         # The run's training totals: those of the checkpoint resumed from, plus the sitting in `train` (its summed
         # loss and start), if one is under way.
@@ -154,82 +155,80 @@ class TyingTrainer(Trainer):
         self._sitting_start: float | None = None
         decisions_class = args.decisions_class
         if decisions_class.needs_tied_model:
-            self._check_model_can_tie()
-        self._draws_plot = args.tying_plot and decisions_class.needs_tied_model and _matplotlib_installed()
-        if decisions_class.changes_map and args.ddp_static_graph:
-            raise ValueError(f"ddp_static_graph=True cannot follow re-ties; leave it unset with tying_strategy={args.tying_strategy!r}")
-        if decisions_class.changes_map and args.auto_find_batch_size:
-            # On running out of memory the Trainer restarts its loop at step 0 with half the batch, while the map,
-            # the decisions and their history carry on from the attempt that failed.
-            raise ValueError(
-                f"auto_find_batch_size=True would restart training at step 0 under the map the failed attempt left; "
-                f"set per_device_train_batch_size yourself with tying_strategy={args.tying_strategy!r}"
-            )
+            check_model_can_tie(self.model, args.tying_strategy)
+        self._draws_plot = args.tying_plot and decisions_class.needs_tied_model and matplotlib_installed()
+        refuse_trainer_settings_that_cannot_follow_reties(args)
         num_blocks = len(self.model.tied_blocks) if isinstance(self.model, TiedBlocksMixin) else 0
-        self.decisions: TyingDecisions = decisions_class(args, num_blocks)
+        decisions = decisions_class(args, num_blocks)
         if args.lora_rank is not None:  # static and similarity: before the map is applied (similarity's after a warm-up)
-            check_lora_rank(self.model, args.lora_rank, self.decisions.num_distinct)
+            check_lora_rank(self.model, args.lora_rank, decisions.num_distinct)
         if args.reward_source == "held_out":
-            self._reward_examples = self._select_reward_examples(reward_dataset)
-        # untie_init="own": each block's weights when training started, on CPU (a resumed run takes them again from
-        # the model it was given: the one its first run started from).
-        self._starting_weights = self._block_weights() if args.untie_init == "own" else None
-        self.distillation = self._start_distillation()
-        start = self.decisions.start(self._observation())
-        _refuse_moving_relaxed_ties(self.model, args.tying_strategy, decisions_class.changes_map, start)
-        _refuse_loop_onset_without_loops(self.model, args.loop_onset)
-        _refuse_loop_lr_without_own_optimizer(self.model, args.loop_lr_exponent, self.optimizer)
+            self._held_out_reward = HeldOutReward(
+                select_reward_examples(
+                    reward_dataset if reward_dataset is not None else self.eval_dataset,
+                    args.reward_batch_size,
+                    lambda dataset: remove_unused_columns(self, dataset, description="reward"),
+                ),
+                collate=lambda examples: self.data_collator(examples),
+                batch_size=args.per_device_train_batch_size,
+                seed=args.agent_seed,
+                prepare_inputs=lambda inputs: prepare_inputs(self, inputs),
+                step=lambda: self.state.global_step,
+            )
+        self.engine = TyingEngine(
+            self.model,
+            decisions,
+            AcceleratorProcesses(lambda: self.accelerator, args.device),
+            output_dir=args.output_dir,
+            optimizer=lambda: self.optimizer,
+            refresh_wrapper=lambda: rebuild_data_parallel(self.model_wrapped),
+            held_out_loss=self.held_out_loss,
+            prepare_inputs=lambda inputs: prepare_inputs(self, inputs),
+            steps=lambda: (self.state.global_step, self.state.max_steps),
+            log=self._log_tying,
+            keep_starting_weights=args.untie_init == "own",
+        )
+        self.distillation = start_distillation(args, self.model, self.processing_class, self.compute_loss_func)
+        if self.distillation is not None:
+            # The mixed loss is the Trainer's `compute_loss_func`, so that the Trainer counts the scored tokens and
+            # scales the loss as it does the model's own (the count spans the accumulated micro-batches and the
+            # processes: the mix averages exactly).
+            self.compute_loss_func = self.distillation
+        start = self.decisions.start(self.engine.observation())
+        refuse_moving_relaxed_ties(self.model, args.tying_strategy, decisions_class.changes_map, start)
+        refuse_loop_onset_without_loops(self.model, args.loop_onset)
+        refuse_loop_lr_without_own_optimizer(self.model, args.loop_lr_exponent, self.optimizer)
         if start is not None:
-            self._take(start)
+            self.engine.take(start)
+
+    # ----- the tying engine's, as attributes of the trainer -----
+
+    @property
+    def decisions(self) -> TyingDecisions:
+        """The strategy (`hf_layertie.decisions.TyingDecisions`) owning the run's tying decisions."""
+        return self.engine.decisions
+
+    @property
+    def history(self) -> TyingHistory:
+        """The run's decisions (`TyingHistory`), written to `tying_history.jsonl`."""
+        return self.engine.history
+
+    @property
+    def tying_seconds(self) -> dict[str, float]:
+        """Wall time of the tying work since this trainer was built, by part (`OVERHEAD_PARTS`)."""
+        return self.engine.tying_seconds
+
+    @property
+    def tying_records(self) -> list[dict]:
+        """Every decision of the run in order as log rows, the one in force included: what the map was from which step."""
+        return self.engine.tying_records
+
+    def _log_tying(self, logs: dict) -> None:
+        """The engine's decision logs, through `Trainer.log`: once training started (a starting map is not logged)."""
+        if self.state.global_step > 0 or self.is_in_train:
+            self.log(logs)
 
     # ----- construction -----
-
-    def _check_model_can_tie(self) -> None:
-        if isinstance(self.model, TiedBlocksMixin):
-            return
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else None
-        if isinstance(base, TiedBlocksMixin):
-            raise ValueError(
-                f"tying_strategy={self.args.tying_strategy!r} does not support PEFT-wrapped models "
-                f"({type(self.model).__name__} around a {type(base).__name__}): choose the map first (train the tied "
-                f"model without adapters, or load it with tying_map=...), then train the adapters on that fixed map "
-                f"with tying_strategy='none'"
-            )
-        raise ValueError(
-            f"tying_strategy={self.args.tying_strategy!r} needs a model with tied blocks (TiedGPT2LMHeadModel, "
-            f"TiedBertForMaskedLM or another TiedBlocksMixin model), got {type(self.model).__name__}; "
-            f"use tying_strategy='none' for conventional training"
-        )
-
-    def _start_distillation(self) -> Distillation | None:
-        """With `distill_from`, load the teacher and make the mixed loss the Trainer's `compute_loss_func`, so that
-        the Trainer counts the scored tokens and scales the loss as it does the model's own (the count spans the
-        accumulated micro-batches and the processes: the mix averages exactly). Logs the teacher's memory once."""
-        args = self.args
-        if args.distill_from is None:
-            return None
-        if self.compute_loss_func is not None or args.label_smoothing_factor != 0:
-            raise ValueError(
-                "distill_from replaces the training loss: leave compute_loss_func and label_smoothing_factor unset "
-                "(the next-token term of the mix is the plain cross-entropy)"
-            )
-        if args.n_gpu > 1:
-            raise ValueError(
-                f"distill_from under torch.nn.DataParallel ({args.n_gpu} GPUs in one process): the Trainer scales a loss "
-                "computed once on the gathered batch as if each GPU had computed its own, so the mix would count "
-                f"{args.n_gpu} times. Launch one process per GPU (accelerate launch, or torchrun)"
-            )
-        distillation = Distillation.load(
-            args.distill_from, args.distillation_temperature, args.distillation_alpha, self.model, self.processing_class
-        )
-        self.compute_loss_func = distillation
-        student_mib = sum(parameter.numel() * parameter.element_size() for parameter in self.model.parameters()) / 2**20
-        logger.info(
-            f"Distilling from {args.distill_from} (T={args.distillation_temperature}, alpha={args.distillation_alpha:.4g}): "
-            f"the teacher holds {distillation.parameters_mib:,.2f} MiB of frozen parameters on {distillation.teacher.device}, outside "
-            f"the student's training state (its parameters: {student_mib:,.2f} MiB, before gradients and optimizer state)"
-        )
-        return distillation
 
     def _build_accelerator_args(self, **kwargs) -> dict:
         """`Trainer`'s accelerator arguments; with `torch_compile` on a tied model, a dynamo plugin that compiles each
@@ -246,26 +245,6 @@ class TyingTrainer(Trainer):
             self.distillation.observe(inputs)
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
-    def _select_reward_examples(self, reward_dataset):
-        dataset = reward_dataset if reward_dataset is not None else self.eval_dataset
-        if isinstance(dataset, dict):
-            raise ValueError("reward_dataset: several eval datasets were given; pass the held-out reward data explicitly")
-        if dataset is not None and not hasattr(dataset, "__len__"):
-            raise ValueError(
-                "reward_source='held_out' takes its fixed reward batch from a dataset with a length, and reward_dataset "
-                "(or eval_dataset) is a stream: read its first reward_batch_size examples into memory first "
-                "(hf_layertie.toolkit.split_reward_examples does, and skips them in the stream)"
-            )
-        if dataset is None or len(dataset) == 0:
-            raise ValueError(
-                "reward_source='held_out' needs held-out data for the reward: pass reward_dataset= (or eval_dataset=), "
-                "never the test split"
-            )
-        count = min(self.args.reward_batch_size, len(dataset))
-        if hasattr(dataset, "select"):
-            return remove_unused_columns(self, dataset.select(range(count)), description="reward")
-        return [dataset[index] for index in range(count)]
-
     # ----- decisions, inside training_step -----
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -273,17 +252,9 @@ class TyingTrainer(Trainer):
             self.decisions.check_run(self.state.max_steps)
             # Re-ties rebuild the DDP wrapper; a fixed map (relaxed or not) is applied before the Trainer wraps it.
             if self.args.decisions_class.changes_map:
-                from .optimizer_sync import check_data_parallel_can_rebuild
-
                 check_data_parallel_can_rebuild(self.model_wrapped)
             self._run_checked = True
-        if self.decisions.is_due(self.state.global_step, self.history.current):
-            self._synchronize()  # the strategy's timings start here, not with the queued training kernels
-            decision = self._on_every_process(lambda: self.decisions.decide(self._observation(inputs)))
-            with self._timed("decision"):
-                decision = self._broadcast(decision)
-            if decision is not None:
-                self._take(decision)
+        self.engine.decide_if_due(inputs)
         if self.args.loop_onset is not None:
             self._schedule_loops()
         # After a re-tie the DDP wrapper was rebuilt in place; `model_wrapped` is always the live one.
@@ -395,7 +366,7 @@ class TyingTrainer(Trainer):
         runtime is `sitting_runtime` when it is over (`Trainer.train`'s own measure), else the time since it began."""
         if self._sitting_start is None:
             return self._totals
-        loss_sum = self._mean_over_processes(float(self._sitting_loss))
+        loss_sum = self.engine.processes.mean(float(self._sitting_loss))
         runtime = time.time() - self._sitting_start if sitting_runtime is None else sitting_runtime
         return self._totals.plus(loss_sum, runtime)
 
@@ -403,212 +374,9 @@ class TyingTrainer(Trainer):
         """Examples per optimizer step over all processes, as `Trainer.train` counts them for its speeds."""
         return self.state.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
 
-    def _finish_decisions(self) -> None:
-        """Give the decision still pending its outcome (the loss of the steps after it), log it and write the history."""
-        if self.history.pending is not None:  # the same on every process: all join the collectives or none
-            with self._timed("reward"):
-                outcome = self._on_every_process(lambda: self.decisions.finish(self._observation()))
-            outcome = self._broadcast(outcome)
-            if outcome is not None:
-                self._log_decision(self.history.complete(outcome), None)
-        self.history.flush(self.args.should_save)
-
-    def _observation(self, inputs=None) -> Observation:
-        """The run as the strategy sees it now; `inputs`, the current micro-batch, for `block_distances`."""
-        return Observation(
-            step=self.state.global_step,
-            max_steps=self.state.max_steps,
-            tying_map=self.model.tying_map if isinstance(self.model, TiedBlocksMixin) else None,
-            current=self.history.current,
-            is_main_process=self.is_world_process_zero(),
-            process_index=self.args.process_index,
-            num_processes=self.accelerator.num_processes,
-            held_out_loss=self.held_out_loss,
-            block_distances=functools.partial(self._block_distances, inputs),
-            mean_over_processes=self._mean_over_processes,
-            gather=self._gather,
-        )
-
-    def _take(self, decision: Decision) -> None:
-        """Apply `decision` to the model, then complete the decision it replaces, record it and log them: the one
-        place a decision reaches the model and the history."""
-        counts = self._apply(decision)
-        decision = dataclasses.replace(decision, trainable_parameters=counts.trainable, block_parameters=counts.blocks)
-        for part, seconds in decision.seconds.items():
-            self.tying_seconds[part] += seconds
-        if decision.index is None:  # a starting map outside the history
-            return
-        completed = None
-        if decision.previous_outcome is not None:
-            completed = self.history.complete(decision.previous_outcome)
-        self.history.record(decision)
-        if decision.completed:
-            self._log_decision(decision, None)
-        else:
-            self._log_decision(completed, decision)
-
-    @torch.no_grad()
     def held_out_loss(self) -> float:
-        """Loss of the fixed reward batch in eval mode, in chunks of one training micro-batch (so it never raises
-        the memory peak), averaged over the chunks by their number of examples."""
-        if self._reward_batches is None:
-            examples = list(self._reward_examples)
-            size = self.args.per_device_train_batch_size
-            # Collate once under a forked CPU RNG: masking collators draw random numbers, and the global RNG must not
-            # move. Only the CPU generator is seeded (torch.manual_seed would reseed the accelerators' too, which the
-            # fork does not restore: dropout on a GPU would differ between a run and its resumption).
-            with torch.random.fork_rng(devices=[]):
-                torch.default_generator.manual_seed(self.args.agent_seed)
-                self._reward_batches = [
-                    (self.data_collator(examples[start : start + size]), len(examples[start : start + size]))
-                    for start in range(0, len(examples), size)
-                ]
-        model = self.model
-        was_training = model.training
-        model.eval()
-        try:
-            total = sum(float(model(**prepare_inputs(self, batch)).loss) * count for batch, count in self._reward_batches)
-        finally:
-            model.train(was_training)
-        value = total / sum(count for _, count in self._reward_batches)
-        if not math.isfinite(value):
-            logger.warning(f"Held-out loss is {value} at step {self.state.global_step}; the agent will skip this reward")
-        return value
-
-    def _apply(self, decision: Decision) -> ParameterCounts:
-        """Re-tie the model to `decision`'s map, bring the optimizer and the DDP wrapper along, and return the
-        model's parameter counts.
-
-        `tie_init` as in `retie`; with `untie_to_start`, the block an agent's decision unties takes back its weights
-        from when training started, with fresh optimizer state (`untie_init="own"`); `lora_rank` relaxes the new ties
-        (`relax_ties`), whose adapters join the param group of the weights they adapt."""
-        lora_rank, lora_init = decision.lora_rank, decision.lora_init
-        untied_weights = self._starting_weights if decision.untie_to_start else None
-        weights_before = self._block_weights() if lora_init == "svd" else None
-        with self._timed("retie"):
-            report = self.model.retie(decision.map_after, tie_init=decision.tie_init)
-            restored = [
-                parameter
-                for block in (_block_untied(decision, report.old_map) if untied_weights is not None else [])
-                for parameter in _load_block_weights(self.model.tied_blocks[block], untied_weights[block])
-            ]
-        if report.changed and self.optimizer is not None:
-            with self._timed("optimizer_sync"):
-                sync_optimizer_with_model(self.optimizer, self.model, report)
-                for parameter in restored:
-                    getattr(self.optimizer, "optimizer", self.optimizer).state.pop(parameter, None)
-        if lora_rank is not None:
-            self._relax(lora_rank, lora_init, weights_before)
-        if report.changed or lora_rank is not None:
-            with self._timed("ddp_rebuild"):
-                rebuild_data_parallel(self.model_wrapped)
-        return self.model.parameter_counts()
-
-    def _relax(self, lora_rank: int, lora_init: str, weights_before: dict | None) -> None:
-        """Add the adapters of relaxed ties; mid-run (similarity decides at its first step), also into the optimizer,
-        in the group of the weights they adapt (the caller rebuilds the DDP wrapper)."""
-        adapters = relax_ties(self.model, lora_rank, lora_init, weights_before)
-        if self.optimizer is not None:
-            adapted = next(module for module in self.model.tied_blocks.modules() if is_adapter_layer(module))
-            add_to_optimizer(self.optimizer, self.model, adapters, like=adapted.base_layer.weight)
-
-    # ----- logging and history -----
-
-    @property
-    def tying_records(self) -> list[dict]:
-        """Every decision of the run in order as log rows, the one in force included: what the map was from which step."""
-        return self.history.rows
-
-    def _log_decision(self, completed: Decision | None, current: Decision | None) -> None:
-        """Log the decision whose outcome just became known and the map now in force through `Trainer.log`."""
-        with self._timed("logging"):
-            logs = {}
-            for decision in (completed, current):
-                if decision is not None:
-                    logs.update(_numbers("tying", decision.to_row(), skip=_ROW_LABELS))
-                    logs["tying/map"] = decision.map_after.render()
-            if logs and (self.state.global_step > 0 or self.is_in_train):
-                self.log(logs)
-
-    @contextmanager
-    def _timed(self, part: str):
-        """Add the wall time of the block to `tying_seconds[part]`; on a GPU, after the queued kernels finish, or
-        the time of asynchronous work would be charged to whatever synchronises next."""
-        self._synchronize()
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._synchronize()
-            self.tying_seconds[part] += time.perf_counter() - started
-
-    def _synchronize(self) -> None:
-        if self.args.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    # ----- what the strategy observes, and collectives -----
-
-    def _broadcast(self, message):
-        """The main process's `message` on every process (collective)."""
-        if self.accelerator.num_processes == 1:
-            return message
-        return broadcast_object_list([message], from_process=0)[0]
-
-    def _on_every_process(self, compute):
-        """`compute()`, strategy work that every process runs at the same step (collective). Should it raise on any
-        process, every process raises: that one with its error, the others naming it. Otherwise the others would wait
-        in the next collective, which the failed one never joins; a launcher that does not end them (a bare
-        torch.distributed launch) leaves them hanging. A strategy's own collectives come before anything that can
-        raise on one process alone."""
-        if self.accelerator.num_processes == 1:
-            return compute()
-        error = None
-        try:
-            result = compute()
-        except Exception as raised:
-            error = raised
-        failures = gather_object([None if error is None else f"{type(error).__name__}: {error}"])
-        if error is not None:
-            raise error
-        failed = [(rank, failure) for rank, failure in enumerate(failures) if failure is not None]
-        if failed:
-            rank, failure = failed[0]
-            raise RuntimeError(
-                f"Process {rank} stopped at step {self.state.global_step} with {failure}; process "
-                f"{self.args.process_index} stops with it (the traceback is in process {rank}'s output)"
-            )
-        return result
-
-    def _mean_over_processes(self, value: float) -> float:
-        """The mean of `value` over processes (collective)."""
-        if self.accelerator.num_processes == 1:
-            return value
-        return float(self.accelerator.reduce(torch.tensor(value, device=self.args.device), "mean"))
-
-    def _gather(self, value: float) -> list[float]:
-        """`value` of every process, by rank (collective)."""
-        if self.accelerator.num_processes == 1:
-            return [value]
-        tensor = torch.tensor([value], dtype=torch.float64, device=self.args.device)
-        return self.accelerator.gather(tensor).tolist()
-
-    @torch.no_grad()
-    def _block_weights(self) -> dict[int, dict[str, torch.Tensor]]:
-        """A CPU copy of the weights every block computes with now, by block and name (blocks that share weights
-        share one copy)."""
-        copies: dict[torch.nn.Parameter, torch.Tensor] = {}
-
-        def copied(parameter: torch.nn.Parameter) -> torch.Tensor:
-            if parameter not in copies:
-                copies[parameter] = parameter.detach().to("cpu", copy=True)
-            return copies[parameter]
-
-        blocks = self.model.tied_blocks
-        return {index: {name: copied(parameter) for name, parameter in block.named_parameters()} for index, block in enumerate(blocks)}
-
-    def _block_distances(self, inputs) -> list[float]:
-        """Each block's angular distance on the micro-batch `inputs` (`hf_layertie.block_similarity`)."""
-        return block_angular_distances(self.model, prepare_inputs(self, dict(inputs)))
+        """Loss of the fixed reward batch in eval mode, in chunks of one training micro-batch (`HeldOutReward`)."""
+        return self._held_out_reward.loss(self.model)
 
     # ----- checkpoints, resume and saving -----
 
@@ -621,7 +389,7 @@ class TyingTrainer(Trainer):
                 **self.args.distillation_settings(),
                 **{name: getattr(self.args, name) for name in LOOP_SETTINGS},
             },
-            "decisions": {**self.history.state_dict(), **self.decisions.state_dict(self._observation())},
+            "decisions": self.engine.state_dict(),
             "starting_model": starting_model(self.model),
             "training": dataclasses.asdict(self._training_totals()),
         }
@@ -643,7 +411,7 @@ class TyingTrainer(Trainer):
             # A run resumed from an earlier checkpoint saves again into a folder its first run left: that run's tying
             # state would make this one look complete while it is half written.
             Path(folder, TYING_STATE_NAME).unlink(missing_ok=True)
-        with _set_aside(self.args, save_total_limit=None, push_to_hub=False) as asked, explain_write_errors(folder):
+        with set_aside(self.args, save_total_limit=None, push_to_hub=False) as asked, explain_write_errors(folder):
             super()._save_checkpoint(model, trial)
         self._write_tying_state(folder, checkpoint_sha256=checkpoint_digest(folder) if self.args.should_save else None)
         self.history.flush(self.args.should_save)
@@ -662,10 +430,7 @@ class TyingTrainer(Trainer):
         if isinstance(self.model, TiedBlocksMixin) and self.args.tying_mode != "none":
             self._retie_to_checkpoint(resume_from_checkpoint)
         if state is not None:
-            # The strategy's state beside the run's decisions (their keys as `TyingHistory.state_dict` writes them).
-            saved = dict(state["decisions"])
-            self.history.load_state_dict({"rows": saved.pop("rows"), "pending_row": saved.pop("pending_row")})
-            self.decisions.load_state_dict(saved, self._observation())
+            self.engine.load_state_dict(state["decisions"])
             # The history on disk restarts from the checkpoint, as the run does.
             self.history.flush(self.args.should_save)
         # Relaxed ties (this run's, or those of a relaxed folder trained on as it is): a checkpoint saved after the map
@@ -674,7 +439,7 @@ class TyingTrainer(Trainer):
         relaxed = self.args.lora_rank is not None or carries_integrated_adapters(self.model)
         if relaxed and holds_adapters(resume_from_checkpoint):
             if not carries_integrated_adapters(self.model):
-                self._relax(self.args.lora_rank, "zero", None)  # into an optimizer passed in, too
+                self.engine.relax(self.args.lora_rank, "zero", None)  # into an optimizer passed in, too
             load_relaxed_weights(self.model, resume_from_checkpoint)
             return
         super()._load_from_checkpoint(resume_from_checkpoint, model)
@@ -685,7 +450,7 @@ class TyingTrainer(Trainer):
         self._finish_decisions()
         best = self.state.best_model_checkpoint
         # The main process's answer on every process: the re-tie below is collective.
-        if not (best and self._broadcast(os.path.isdir(best))):  # the Trainer keeps the last weights, with a warning
+        if not (best and self.engine.processes.broadcast(os.path.isdir(best))):  # the Trainer keeps the last weights, with a warning
             super()._load_best_model()
             return
         self._best_step_loaded = self.state.best_global_step
@@ -699,11 +464,11 @@ class TyingTrainer(Trainer):
     def _retie_to_checkpoint(self, checkpoint: str) -> None:
         """Re-tie the model to `checkpoint`'s map, bringing along an optimizer that exists already (one passed in
         `optimizers`, or the Trainer's when the best model is loaded at the end) and a DDP wrapper. Collective."""
-        report = self.model.retie(checkpoint_tying_map(checkpoint, len(self.model.tied_blocks)))
-        if report.changed and self.optimizer is not None:
-            sync_optimizer_with_model(self.optimizer, self.model, report)
-        if report.changed:
-            rebuild_data_parallel(self.model_wrapped)
+        self.engine.retie_to(checkpoint_tying_map(checkpoint, len(self.model.tied_blocks)))
+
+    def _finish_decisions(self) -> None:
+        """Give the decision still pending its outcome, log it and write the history (`TyingEngine.finish_decisions`)."""
+        self.engine.finish_decisions(self.args.should_save)
 
     def _issue_warnings_after_load(self, load_result) -> None:
         # Tied blocks are not stored in the checkpoint: they are restored by sharing, not missing.
@@ -729,7 +494,7 @@ class TyingTrainer(Trainer):
             super().save_model(output_dir, _internal_call)
             return
         output_dir = output_dir if output_dir is not None else self.args.output_dir
-        with _set_aside(self.args, push_to_hub=False) as asked, explain_write_errors(output_dir):
+        with set_aside(self.args, push_to_hub=False) as asked, explain_write_errors(output_dir):
             super().save_model(output_dir, _internal_call)
         self._write_tying_state(output_dir)
         if self.args.should_save and isinstance(self.model, TiedBlocksMixin):
@@ -795,205 +560,4 @@ class TyingTrainer(Trainer):
             return {}
         loss = evaluations[-1]["eval_loss"]
         return {"eval_loss": loss, "perplexity": perplexity(loss)}
-
-
-def check_resumes_saved_settings(args: TyingTrainingArguments, checkpoint: str, state: dict | None) -> None:
-    """Refuse to continue `checkpoint` (a `checkpoint-N`, or the output folder of a finished run) when it was saved
-    under other tying settings (`TyingTrainingArguments.resume_settings`; `state` is its tying state, None when it
-    has none): the run would continue the saved map and agent, or report the finished run's results, while its card
-    and its command name this run's settings."""
-    wanted = args.resume_settings()
-    start_afresh = (
-        f"To continue that run, repeat its settings; to start a new one, train into a new output_dir, or delete "
-        f"{_saved_run(checkpoint)}"
-    )
-    if state is None:
-        if args.tying_mode == "none":
-            return
-        raise ValueError(
-            f"cannot resume tying_strategy={args.tying_strategy!r} from {checkpoint}: it has no "
-            f"{TYING_STATE_NAME}, so a plain Trainer saved it or its save was interrupted. {start_afresh}, or "
-            f"resume from an earlier, complete checkpoint"
-        )
-    saved = {"tying_strategy": state["tying_strategy"], **state["settings"]}  # every setting (`migrate_tying_state`)
-    # Under another strategy the other settings are moot: name the strategy alone.
-    names = ["tying_strategy"] if saved["tying_strategy"] != wanted["tying_strategy"] else list(wanted)
-    differing = [f"{name}={saved.get(name)!r} there, {wanted[name]!r} here" for name in names if saved.get(name) != wanted[name]]
-    if differing:
-        raise ValueError(
-            f"cannot resume from {checkpoint}: it was saved under other tying settings than this run's "
-            f"({'; '.join(differing)}). {start_afresh}"
-        )
-
-
-def _saved_run(checkpoint: str) -> str:
-    """What to delete to train afresh where `checkpoint` is: the checkpoints beside it, or a finished run's folder."""
-    path = Path(checkpoint).resolve()
-    if path.name.startswith(f"{PREFIX_CHECKPOINT_DIR}-"):
-        return f"the {PREFIX_CHECKPOINT_DIR}-* folders of {path.parent} (and pass no resume_from_checkpoint)"
-    return str(path)
-
-
-def _report_to_installed_tensorboard_only(args: TyingTrainingArguments) -> None:
-    """Drop TensorBoard from `report_to` where it is not installed (an optional extra, which the embedded default
-    run reports to), saying so, rather than let transformers' callback stop the run."""
-    if "tensorboard" in args.report_to and not is_tensorboard_available():
-        logger.warning("TensorBoard is not installed: not reporting to it (pip install 'hf-layertie[tensorboard]')")
-        args.report_to = [name for name in args.report_to if name != "tensorboard"]
-
-
-def _matplotlib_installed() -> bool:
-    """Whether matplotlib (an optional extra) can draw the tying plot; without it saves draw none, as said here once."""
-    try:
-        require_matplotlib()
-    except ImportError:
-        logger.warning(f"matplotlib is not installed: {TYING_PLOT_NAME} is not drawn (pip install 'hf-layertie[plot]')")
-        return False
-    return True
-
-
-@contextmanager
-def _set_aside(args: TyingTrainingArguments, **values):
-    """Give `args` fields `values` for the Trainer's part of a save, yielding the user's, restored after: the Trainer
-    would push and rotate checkpoints out before the tying state is written, so this trainer does both after it."""
-    asked = {name: getattr(args, name) for name in values}
-    for name, value in values.items():
-        setattr(args, name, value)
-    try:
-        yield asked
-    finally:
-        for name, value in asked.items():
-            setattr(args, name, value)
-
-
-# Engines the Trainer can hand a model to that cannot train a tied one, with why: each is refused by name.
-_ENGINES_THAT_CANNOT_FOLLOW_RETIES = {
-    "FSDP": (
-        "fsdp / accelerate's FSDP plugin",
-        # A shared Parameter must live in one FSDP group, and no FSDP engine follows a change of what is shared.
-        "FSDP would wrap tied blocks in separate groups and cannot follow re-ties",
-    ),
-    "DeepSpeed": (
-        "deepspeed / accelerate's DeepSpeed plugin",
-        # The engine flattens the Parameters it was given and hooks their gradients, so those a re-tie adds would
-        # never be updated; the Trainer resumes DeepSpeed runs without `_load_from_checkpoint` (map and strategy).
-        "its engine cannot follow re-ties, and its resume skips the tying state",
-    ),
-}
-
-
-def _refuse_loop_onset_without_loops(model, loop_onset: float | None) -> None:
-    """`loop_onset` sets the model's `config.skipped_positions` at every step: it needs a tied model, and one whose
-    config skips no position of its own (the schedule would replace the user's choice)."""
-    if loop_onset is None:
-        return
-    if not isinstance(model, TiedBlocksMixin):
-        raise ValueError(f"loop_onset={loop_onset} schedules the positions of a tied model; got a {type(model).__name__}")
-    if model.config.skipped_positions is not None:
-        raise ValueError(
-            f"loop_onset={loop_onset} chooses the positions each step skips, and the model's config skips "
-            f"{model.config.skipped_positions} already: set model.config.skipped_positions = None first, or leave "
-            f"loop_onset unset"
-        )
-
-
-def _refuse_loop_lr_without_own_optimizer(model, loop_lr_exponent: float | None, optimizer) -> None:
-    """`loop_lr_exponent` splits the param groups of the optimizer the Trainer builds, before its scheduler: a tied
-    model, and no optimizer passed in (its scheduler, if any, was built on the groups as they were)."""
-    if loop_lr_exponent is None:
-        return
-    if not isinstance(model, TiedBlocksMixin):
-        raise ValueError(f"loop_lr_exponent={loop_lr_exponent} sets the learning rate of a tied model's blocks; got a {type(model).__name__}")
-    if optimizer is not None:
-        raise ValueError(
-            f"loop_lr_exponent={loop_lr_exponent} splits the param groups of the optimizer the Trainer builds, and "
-            f"optimizers=(...) passed one: leave optimizers unset, or give your optimizer the groups yourself and "
-            f"leave loop_lr_exponent unset"
-        )
-
-
-def _refuse_moving_relaxed_ties(model, strategy: str, changes_map: bool, start: Decision | None) -> None:
-    """Refuse a strategy that would change the map of a model carrying relaxed ties' adapters (a relaxed folder
-    trained on): each adapter was fitted to the weights its position shares under that map, and would stay on weights
-    it was not fitted to (logits move at learning rate 0). Before anything is trained: the check needs only the
-    strategy's starting decision."""
-    if not isinstance(model, TiedBlocksMixin) or not (carries_integrated_adapters(model) or model.adapted_blocks()):
-        return
-    if changes_map or (start is not None and start.map_after != model.tying_map):
-        raise ValueError(
-            f"tying_strategy={strategy!r} would change the map of a model that carries relaxed ties' adapters (a "
-            f"relaxed folder, map {model.tying_map.render()}): they were fitted to the weights each position shares "
-            f"under that map. Train it as it is (tying_strategy='none', or static with its own map), or tie its plain "
-            f"export (to_untied()) under the new map and relax it again with lora_rank"
-        )
-
-
-def _refuse_engine(model, engine: str, enabled: bool) -> None:
-    """Refuse to hand a tied model to `engine` (a key of `_ENGINES_THAT_CANNOT_FOLLOW_RETIES`), naming what works."""
-    if enabled and isinstance(model, TiedBlocksMixin):
-        how_enabled, why = _ENGINES_THAT_CANNOT_FOLLOW_RETIES[engine]
-        raise ValueError(
-            f"TyingTrainer does not train tied models under {engine} ({how_enabled}): {why}. Train on several "
-            "processes with DDP (accelerate launch --multi_gpu), or shard the model yourself with "
-            "hf_layertie.shard_tied_model and re-tie it with retie_sharded under torchrun (docs/multi-process.md)"
-        )
-
-
-def _refuse_unread_reward_dataset(args: TyingTrainingArguments, reward_dataset) -> None:
-    if reward_dataset is not None and args.reward_source != "held_out":
-        raise ValueError(
-            f"reward_dataset is read only with reward_source='held_out', and this run's is {args.reward_source!r}: "
-            f"pass reward_source='held_out' to reward decisions on it, or leave reward_dataset out"
-        )
-
-
-# What `write_model_card` takes that the trainer fills in itself; `model_card_kwargs` may set the rest.
-_CARD_KWARGS_FILLED = frozenset({"model", "training_args", "eval_results", "tying_plot", "model_name", "evaluated_only"})
-
-
-def _checked_card_kwargs(model_card_kwargs: dict | None) -> dict:
-    """`model_card_kwargs`, refused at once if the card cannot take them (the card is written when training ends)."""
-    model_card_kwargs = dict(model_card_kwargs or {})
-    settable = [name for name in inspect.signature(build_model_card).parameters if name not in _CARD_KWARGS_FILLED]
-    unknown = sorted(set(model_card_kwargs) - set(settable))
-    if unknown:
-        raise ValueError(f"model_card_kwargs: {', '.join(unknown)} cannot be set; the card takes {', '.join(settable)} (the trainer fills in the rest)")
-    return model_card_kwargs
-
-
-def _refuse_model_init(args: TyingTrainingArguments, model_init) -> None:
-    """`Trainer.train` builds a fresh model with `model_init`, after the strategy applied its starting map (and
-    adapters) to the model built here: the run would train a map its history does not record."""
-    if model_init is not None and args.decisions_class.needs_tied_model:
-        raise ValueError(
-            f"TyingTrainer takes model=..., not model_init, with tying_strategy={args.tying_strategy!r}: the strategy "
-            f"applies its starting map to the model when the trainer is built, and train() would replace that model "
-            f"with a fresh one from model_init"
-        )
-
-
-def _numbers(prefix: str, row: dict, skip: tuple[str, ...]) -> dict:
-    """The numeric fields of `row` as `prefix/key`, for `Trainer.log` (booleans and None left out)."""
-    return {
-        f"{prefix}/{key}": value
-        for key, value in row.items()
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in skip
-    }
-
-
-def _block_untied(decision: Decision, old_map: TyingMap) -> list[int]:
-    """The block an agent's decision unties (`source == block`, tied before), or none. It is the only block whose
-    weights change (`TyingMap.with_decision`): a decision that ties an owner instead leaves its followers their
-    trained weights and optimizer state under a new owner, though they too become independent in the new map."""
-    untie = decision.block is not None and decision.source == decision.block and not old_map.is_independent(decision.block)
-    return [decision.block] if untie else []
-
-
-@torch.no_grad()
-def _load_block_weights(block: torch.nn.Module, weights: dict[str, torch.Tensor]) -> list[torch.nn.Parameter]:
-    """Copy `weights` (by name within the block) into `block`'s Parameters; returns those Parameters."""
-    parameters = dict(block.named_parameters())
-    for name, value in weights.items():
-        parameters[name].copy_(value)
-    return [parameters[name] for name in weights]
 

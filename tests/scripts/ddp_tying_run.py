@@ -11,7 +11,7 @@ import sys
 import torch
 from launched import random_tying_trainer, run_then_exit
 
-from hf_layertie.trainer.block_learning_rates import BLOCK_USES, block_uses
+from hf_layertie.engine.block_learning_rates import BLOCK_USES, block_uses
 
 
 def main():
