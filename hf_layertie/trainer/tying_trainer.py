@@ -118,7 +118,10 @@ class TyingTrainer(Trainer):
             step's update.
 
     Attributes:
+        engine: the tying engine (`hf_layertie.engine.TyingEngine`) taking the strategy's decisions on the model;
+            `decisions`, `history` (with `tying_records`) and `tying_seconds` are its own.
         decisions: the strategy (`hf_layertie.decisions.TyingDecisions`) owning the run's tying decisions.
+        history: the run's decisions (`TyingHistory`), and `tying_records`, the same as log rows.
         tying_seconds: wall time of the tying work since this trainer was built, by part (`OVERHEAD_PARTS`);
             `sum(...)` is the agent's overhead. A resumed run's counts this sitting only (the training metrics count
             the whole run).
