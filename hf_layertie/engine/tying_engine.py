@@ -91,6 +91,7 @@ class TyingEngine:
         self._prepare_inputs = prepare_inputs
         self._steps = steps
         self._log = log
+        self._run_checked = False
         # untie_init="own": each block's weights when training started, on CPU (a resumed run takes them again from
         # the model it was given: the one its first run started from).
         self._starting_weights = self.block_weights() if keep_starting_weights else None
@@ -119,11 +120,27 @@ class TyingEngine:
 
     # ----- decisions -----
 
+    def start(self) -> Decision | None:
+        """The strategy's starting map (every block tied to block 0 for DLT, the fixed map of `static:...`), taken
+        before the first step; None where the model keeps its map."""
+        decision = self.decisions.start(self.observation())
+        if decision is not None:
+            self.take(decision)
+        return decision
+
+    def observe_loss(self, loss: torch.Tensor) -> None:
+        """A micro-batch's training loss, from which the strategy's reward is computed (on the device, as it comes:
+        no synchronisation per step)."""
+        self.decisions.observe_loss(loss)
+
     def decide_if_due(self, inputs: dict | None = None) -> None:
         """The decision step, on the first micro-batch of an optimizer step (so exactly once per optimizer step,
         whatever the gradient accumulation): when the strategy says one is due, every process runs it, the main
         process's decision reaches every process, and each takes it (collective)."""
-        step, _ = self._steps()
+        step, max_steps = self._steps()
+        if not self._run_checked:  # the run's length is known once training starts (the Trainer's max_steps)
+            self.decisions.check_run(max_steps)
+            self._run_checked = True
         if not self.decisions.is_due(step, self.history.current):
             return
         self.processes.synchronize()  # the strategy's timings start here, not with the queued training kernels

@@ -252,7 +252,6 @@ class TyingTrainer(Trainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         if not self._run_checked:
-            self.decisions.check_run(self.state.max_steps)
             # Re-ties rebuild the DDP wrapper; a fixed map (relaxed or not) is applied before the Trainer wraps it.
             if self.args.decisions_class.changes_map:
                 check_data_parallel_can_rebuild(self.model_wrapped)
@@ -263,7 +262,7 @@ class TyingTrainer(Trainer):
         # After a re-tie the DDP wrapper was rebuilt in place; `model_wrapped` is always the live one.
         loss = super().training_step(self.model_wrapped, inputs, num_items_in_batch)
         self._sitting_loss += loss  # on the device, as the Trainer sums it: no synchronisation per step
-        self.decisions.observe_loss(loss)
+        self.engine.observe_loss(loss)
         self._non_finite_loss.observe(loss)
         return loss
 
