@@ -1,8 +1,8 @@
 """The pre-registered study of the loop recipe (issue 76): what `bench/preregistration/looped-models.json` fixes
 before the first fresh-seed run, read and checked in one place, and the rows it makes for each task.
 
-The file holds the hypotheses, the seeds, the 0.05-nat margin for language, the recipe's values (chosen on seeds 0-4,
-whose records it names) and, per task, the preset that trains it, its generated task (none for language), its
+The file holds the hypotheses, the seeds, the 0.05-nat margin for language, the recipe's values (and how they were
+chosen) and, per task, the preset that trains it, its generated task (none for language), its
 metric, the budget U and the looped layouts the recipe goes on. The rows of a task, in the order they train:
 
 1. `untied, U blocks` (the equal-memory rival), `untied, 2U blocks` (the ceiling at twice the state), each layout
@@ -54,6 +54,8 @@ class LoopRow:
 
 @dataclass(frozen=True)
 class RecipePart:
+    """A named part of the recipe (or the onset, or the whole recipe): the settings it gives a run."""
+
     name: str
     tying: Pairs = ()
     looped_config: Pairs = ()
