@@ -42,9 +42,19 @@ ROWS = {"budget": ("untied, 2 blocks", "L2/none"), "ceiling": ("untied, 4 blocks
 CLEAR_DIFFERENCE = 0.05  # mean accuracy: 5 points, the least difference called a clear win
 
 
+# What every candidate trains under: depth's model and steps, the recipe frozen for depth-fresh (linear decay; weight
+# decay 0.1, the study's, which a fingerprint leaves out).
+TRAINING = {"n_layer": 4, "n_embd": 64, "n_head": 4, "max_steps": 5000, "batch_size": 32, "learning_rate": 1e-3, "lr_scheduler_type": "linear"}
+
+
 def candidate(folder: Path) -> dict:
-    """One candidate's runs, its group's kind and the paired differences (validation, and test beside)."""
-    task = folder_settings(folder)["task"]
+    """One candidate's runs, its group's kind and the paired differences (validation, and test beside); a folder
+    trained otherwise than the candidates are is refused, naming the setting."""
+    settings = folder_settings(folder)
+    for name, value in TRAINING.items():
+        if settings.get(name) != value or "weight_decay" in settings:
+            raise ValueError(f"{folder}: trained with {name}={settings.get(name)!r} (weight decay {settings.get('weight_decay', 0.1)}), not as the candidates are ({TRAINING})")
+    task = settings["task"]
     config = WordProblemConfig.from_string(task.partition(":")[2])
     runs = {
         row: {seed: load_result(path) for seed in CHOICE_SEEDS if ((path := folder / "study" / run / f"seed{seed}") / "result.json").is_file()}
@@ -85,7 +95,8 @@ def choose(candidates: list[dict]) -> dict[str, str | None]:
 
 
 def write_report(report_dir: Path = REPORT) -> Path:
-    candidates = [candidate(folder) for folder in sorted(RESULTS.iterdir()) if (folder / "settings.json").is_file()]
+    folders = sorted(RESULTS.iterdir()) if RESULTS.is_dir() else []
+    candidates = [candidate(folder) for folder in folders if (folder / "settings.json").is_file()]
     chosen = choose(candidates)
     records = [record for c in candidates for record in c.pop("records")]
     payload = {"rule": __doc__.split("The rule, ")[1].split("\n\n")[0].replace("\n", " "), "candidates": candidates, "chosen": chosen}

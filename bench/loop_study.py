@@ -39,9 +39,9 @@ MOVING_MAP_EXCLUDES = ("lora_rank", "lora_init")
 class LoopRow:
     """One row of a task: `strategy` and `num_blocks` as the study's runs take them, the recipe's settings as
     (name, value) pairs, `tier` which of the three groups above it belongs to, and `versus` the rows it is paired
-    with beyond U untied blocks, (contrast name, label) pairs: 2U untied blocks, and for a layout under a setting the
-    same layout alone and, for a part of the recipe or the onset with it, the layout under the whole recipe; for DLT,
-    each layout under the recipe."""
+    with, (contrast name, label) pairs: U and 2U untied blocks, and for a layout under a setting the same layout
+    alone and, for a part of the recipe alone or the onset with the recipe, the layout under the whole recipe; for
+    DLT, each layout under the recipe."""
 
     label: str
     strategy: str
@@ -131,26 +131,29 @@ def task_rows(registration: dict, task: str) -> list[LoopRow]:
     onset = recipe_part("onset", registration["onset"])
     whole = RecipePart("recipe", *_merged(parts))
     layouts = [(layout_label(layout, _positions(layout, depth)), layout) for layout in plan["layouts"]]
-    ceiling = f"untied, {2 * budget} blocks"
+    untied, ceiling = f"untied, {budget} blocks", f"untied, {2 * budget} blocks"
+    baselines = [("untied U", untied), ("untied 2U", ceiling)]  # named here, not found by the report: a row of each
 
     def under(layout: tuple[str, str], tier: int, *applied: RecipePart) -> LoopRow:
+        """The layout under `applied`, paired with the layout alone and, for a part of the recipe alone or the onset
+        with the whole recipe, with the layout under the whole recipe (the onset alone is the layout's own question)."""
         label, arrangement = layout
         tying, config = _merged(applied)
-        versus = [("untied 2U", ceiling), ("layout alone", label)]
-        if applied[-1] is not whole or len(applied) > 1:  # a part alone, the onset alone, or the onset with the recipe
+        versus = [*baselines, ("layout alone", label)]
+        if applied[0] in parts or applied[-1] is whole and len(applied) > 1:
             versus.append(("whole recipe", f"{label} + {whole.name}"))
         name = " + ".join(part.name for part in applied)
         return LoopRow(f"{label} + {name}", _static(arrangement), _positions(arrangement, depth), tier, tying, config, tuple(versus))
 
-    rows = [LoopRow(f"untied, {budget} blocks", "none", budget, 1, versus=(("untied 2U", ceiling),)), LoopRow(ceiling, "none", 2 * budget, 1)]
-    rows += [LoopRow(label, _static(arrangement), _positions(arrangement, depth), 1, versus=(("untied 2U", ceiling),)) for label, arrangement in layouts]
+    rows = [LoopRow(untied, "none", budget, 1, versus=(("untied 2U", ceiling),)), LoopRow(ceiling, "none", 2 * budget, 1)]
+    rows += [LoopRow(label, _static(arrangement), _positions(arrangement, depth), 1, versus=tuple(baselines)) for label, arrangement in layouts]
     rows += [under(layout, 1, whole) for layout in layouts]
     rows += [under(layout, 2, part) for layout in layouts for part in parts]
     rows += [under(layout, 3, onset) for layout in layouts]
     rows += [under(layout, 3, onset, whole) for layout in layouts]
     moving = [RecipePart(part.name, tuple(pair for pair in part.tying if pair[0] not in MOVING_MAP_EXCLUDES), part.looped_config) for part in parts]
     tying, config = _merged(moving)
-    versus = (("untied 2U", ceiling), *((f"{label} + {whole.name}", f"{label} + {whole.name}") for label, _ in layouts))
+    versus = (*baselines, *((f"{label} + {whole.name}", f"{label} + {whole.name}") for label, _ in layouts))
     rows.append(LoopRow("dlt + recipe", "dlt", depth, 3, tying, config, versus))
     return rows
 

@@ -361,9 +361,10 @@ def verdict_cell(difference: dict | None) -> str:
     return _plain_verdict_cell(difference, _equivalence_note(difference or {}))
 
 
-def write_report(settings: BenchSettings, output: Path, tuning: dict | None = None, report_dir: Path | None = None) -> Path:
+def write_report(settings: BenchSettings, output: Path, tuning: dict | None = None, report_dir: Path | None = None, markdown=None) -> Path:
     """results.json, results.md and the plots of the runs in `output`, into `report_dir` (default: `output`), every
-    strategy at the rate `tuning` chose (`read_learning_rates`; the preset's without)."""
+    strategy at the rate `tuning` chose (`read_learning_rates`; the preset's without). `markdown(settings, payload)`
+    writes results.md: by default the study's, or partial loops' (a loop study's is bench/loop_report.py's)."""
     table = collect_study(settings, output, tuning["chosen"] if tuning is not None else None)
     summary = summarise(table, plan_contrasts(settings), static_candidates(settings))
     memory = [result for spec in memory_runs(settings) if (result := _try_load(output, spec)) is not None]
@@ -391,18 +392,9 @@ def write_report(settings: BenchSettings, output: Path, tuning: dict | None = No
     if settings.eval_interval:
         _plot_validation(settings, summary, table, report_dir / "validation_over_steps.png")
     report = report_dir / "results.md"
-    write_whole(report, _markdown_of(settings)(settings, payload))
+    markdown = markdown or (_partial_loop_markdown if settings.partial_loops else _markdown)
+    write_whole(report, markdown(settings, payload))
     return report
-
-
-def _markdown_of(settings: BenchSettings):
-    """The report's text for the preset's kind of plan: a loop study task's (bench/loop_report.py, which builds on
-    this module's helpers), partial loops', or the study's."""
-    if settings.loop_study is not None:
-        from .loop_report import loop_study_markdown  # imports this module: imported here, when needed
-
-        return loop_study_markdown
-    return _partial_loop_markdown if settings.partial_loops else _markdown
 
 
 def _markdown(settings: BenchSettings, payload: dict) -> str:

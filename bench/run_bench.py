@@ -22,6 +22,7 @@ from transformers import HfArgumentParser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.loop_report import loop_study_markdown  # noqa: E402
 from bench.loop_study import registration_commit  # noqa: E402
 from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.measure import count_bigram_test_loss, missing_device, run, task_data  # noqa: E402
@@ -64,11 +65,8 @@ def main() -> None:
         raise SystemExit(f"--learning_rates_from {args.learning_rates_from}: no {LEARNING_RATES_FILE} there")
     if not args.report_only and (problem := missing_device(settings)):
         raise SystemExit(problem)
-    if not args.report_only and settings.loop_study is not None:
-        try:  # no run of a pre-registered study before its pre-registration is committed
-            registration_commit(settings.loop_study, settings.preregistration_digest)
-        except ValueError as error:
-            raise SystemExit(str(error)) from None
+    if settings.loop_study is not None:
+        check_registered(settings, args)
     claim_results_dir(output, settings)
     if args.tune_learning_rates is not None:
         grid = parse_learning_rates(args.tune_learning_rates)
@@ -88,7 +86,8 @@ def main() -> None:
     learning_rates = tuning["chosen"] if tuning is not None else None
     with_memory = not args.skip_memory and rows is None
     failures = [] if args.report_only else Scheduler(settings, output, args.jobs, with_memory, not args.memory_only, learning_rates, rows).run()
-    report = write_report(with_preset_seeds(settings, preregistered(PRESETS[args.preset])), output, tuning, report_dir(args))
+    markdown = loop_study_markdown if settings.loop_study is not None else None
+    report = write_report(with_preset_seeds(settings, preregistered(PRESETS[args.preset])), output, tuning, report_dir(args), markdown)
     print(f"\nReport: {report}")
     refresh_after_report(report)
     if failures:
@@ -112,7 +111,23 @@ def claim_results_dir(output: Path, settings: BenchSettings) -> None:
     settings_file.write_text(json.dumps({"fingerprint": settings.fingerprint(), "baselines": baselines}, indent=2))
 
 
+def check_registered(settings: BenchSettings, args: BenchArguments) -> None:
+    """A pre-registered study's runs: at the rates the preset registered (no grid, no other folder's rates), and
+    none before its pre-registration is committed as it is."""
+    for flag in ("tune_learning_rates", "learning_rates_from"):
+        if getattr(args, flag) is not None:
+            raise SystemExit(f"--{flag}: a loops preset trains every row at its registered rate")
+    if not args.report_only:
+        try:
+            registration_commit(settings.loop_study, settings.preregistration_digest)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
+
+
 def single_run(settings: BenchSettings, spec: RunSpec, output: Path) -> None:
+    """One run of the plan, into the folder claimed under these settings (a run resolved under other ones, e.g. a
+    pre-registration committed again since the folder was claimed, is refused)."""
+    claim_results_dir(output, settings)
     run_dir = output / spec.directory
     write_complete(run_dir / RESULT_FILE, run(settings, spec, run_dir))
 

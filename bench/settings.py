@@ -450,33 +450,39 @@ def resolve_settings(args: BenchArguments) -> BenchSettings:
     for name, parse in LIST_FLAGS.items():
         if name in overrides:
             overrides[name] = parse(overrides[name], name)
-    settings = preregistered(dataclasses.replace(PRESETS[args.preset], **overrides), given=tuple(overrides))
+    settings = dataclasses.replace(PRESETS[args.preset], **overrides)
+    settings = preregistered(settings, given=tuple(overrides), own_folder=args.results_dir is not None)
     _check(settings)
     return settings
 
 
-# What a `loop_study` preset takes from the pre-registration, and may not be given by flag.
-PREREGISTERED_FIELDS = ("task", "n_layer", "max_distinct_blocks", "block_size")
-
-
-def preregistered(settings: BenchSettings, given: tuple[str, ...] = ()) -> BenchSettings:
-    """A `loop_study` preset's settings with the pre-registration's task, depth, budget and seeds (`--seeds` may choose
-    others, e.g. for a choice made on seeds 0-4 in a folder of its own) and the file's digest; other settings as
-    they are. `given`: the flags the user set, refused where the file decides."""
+def preregistered(settings: BenchSettings, given: tuple[str, ...] = (), own_folder: bool = False) -> BenchSettings:
+    """A `loop_study` preset's settings with the pre-registration's task, depth, budget and seeds and the digest of
+    what it fixes for the task; the rest is the preset's, as registered. `given`: the settings the user set by flag,
+    of which only the scheduling ones (`SCHEDULING_SETTINGS`) are taken, and seeds outside the registered ones only
+    into a folder of their own (`own_folder`, --results_dir), so that nothing unregistered enters the study."""
     if settings.loop_study is None:
         return settings
-    refused = [f"--{name}" for name in PREREGISTERED_FIELDS if name in given]
+    refused = [f"--{name}" for name in given if name not in SCHEDULING_SETTINGS]
     if refused:
-        raise ValueError(f"{', '.join(refused)}: the loops presets take the task, depth and budget from {PREREGISTRATION}")
+        raise ValueError(
+            f"{', '.join(refused)}: a loops preset trains as {PREREGISTRATION} registered it (its task, depth and budget "
+            f"from the file, the rest from the preset); it takes only {', '.join(f'--{name}' for name in SCHEDULING_SETTINGS if name != 'fork_runs')}"
+        )
     registration = read_preregistration()
     plan = registration["tasks"].get(settings.loop_study)
     if plan is None:
         raise ValueError(f"{PREREGISTRATION}: no task {settings.loop_study!r}; its tasks: {', '.join(registration['tasks'])}")
+    registered = tuple(registration["seeds"])
+    seeds = settings.seeds or registered
+    if not own_folder and not set(seeds) <= set(registered):
+        unregistered = ", ".join(map(str, sorted(set(seeds) - set(registered))))
+        raise ValueError(f"--seeds: {unregistered} not registered ({PREREGISTRATION}); such seeds train only into a folder of their own (--results_dir)")
     task = plan["task"]
     block_size = settings.block_size if task is None else task_sequence_length(task)
     return dataclasses.replace(
         settings, task=task, n_layer=plan["depth"], max_distinct_blocks=plan["budget"], block_size=block_size,
-        seeds=settings.seeds or tuple(registration["seeds"]), preregistration_digest=preregistration_digest(settings.loop_study),
+        seeds=seeds, preregistration_digest=preregistration_digest(settings.loop_study),
     )  # fmt: skip
 
 

@@ -64,12 +64,34 @@ def test_the_pre_registration_fixes_the_language_margin_and_a_hypothesis_per_que
     assert [key.split()[0] for key in REGISTRATION["hypotheses"]] == [f"H{number}" for number in range(1, 8)]
 
 
-def test_a_loops_preset_takes_no_task_depth_or_budget_by_flag_but_may_take_other_seeds():
-    with pytest.raises(ValueError, match=r"--task, --n_layer: the loops presets take the task, depth and budget from .*looped-models.json"):
+def test_a_loops_preset_trains_as_registered_and_takes_only_scheduling_flags():
+    """Task, depth and budget come from the file, the rest from the preset as registered: a training flag is refused
+    by name; registered seeds may be a subset, others train only into a folder of their own."""
+    with pytest.raises(ValueError, match=r"--n_layer, --task: a loops preset trains as .*looped-models.json registered it"):
         resolve_settings(BenchArguments(preset="loops-hop", task="hop_induction:length=16,max_hops=2", n_layer=6))
-    assert resolve_settings(BenchArguments(preset="loops-hop", seeds="0,1")).seeds == (0, 1)  # a choice made on seeds 0-4
+    for flags in ({"learning_rate": 3e-3}, {"max_steps": 100}, {"lr_scheduler_type": "cosine"}, {"tying_interval": 2}):
+        with pytest.raises(ValueError, match=f"--{next(iter(flags))}: a loops preset trains as"):
+            resolve_settings(BenchArguments(preset="loops-language", **flags))
+    assert resolve_settings(BenchArguments(preset="loops-hop", seeds="100,101", num_threads=2)).seeds == (100, 101)
+    with pytest.raises(ValueError, match=r"--seeds: 0, 1 not registered .* only into a folder of their own \(--results_dir\)"):
+        resolve_settings(BenchArguments(preset="loops-hop", seeds="0,1,100"))
+    assert resolve_settings(BenchArguments(preset="loops-hop", seeds="0,1", results_dir="elsewhere")).seeds == (0, 1)
     settings = resolve_settings(BenchArguments(preset="loops-hop"))
     assert settings.preregistration_digest is not None and settings.preregistration_digest in settings.fingerprint()
+
+
+def test_a_run_resolved_under_other_settings_than_its_folder_s_is_refused(tmp_path):
+    """Each run re-resolves its settings (a pre-registration committed again meanwhile would change its digest): it
+    trains only into a folder claimed under the same ones."""
+    from bench.run_bench import single_run
+    from bench.settings import RunSpec
+
+    settings = resolve_settings(BenchArguments(preset="loops-hop"))
+    claimed = dataclasses.replace(settings, preregistration_digest="0" * 16)
+    (tmp_path / "settings.json").write_text(json.dumps({"fingerprint": claimed.fingerprint(), "baselines": {}}))
+    with pytest.raises(SystemExit, match="holds runs measured with other settings"):
+        single_run(settings, RunSpec("untied, 2 blocks", "none", 100, num_blocks=2), tmp_path)
+    assert not (tmp_path / "study").exists()
 
 
 def test_a_malformed_pre_registration_is_refused_naming_the_key(tmp_path):
