@@ -9,12 +9,9 @@ with the recipe frozen for depth-fresh: linear decay, weight decay 0.1), seeds 0
         --lr_scheduler_type linear --rows "none|untied, 2 blocks" --seeds 0,1,2,3,4 \
         --results_dir bench/results/loops-choice/A4-16 --jobs 2
 
-and `python bench/loop_choice.py` writes bench/reports/study/loops/choice.{md,json} from every such folder. The rule,
-fixed before the first of these runs finished: the paired difference of the mean validation accuracy, 4 untied blocks
-minus 2, over seeds 0-4 with its 95% interval; a candidate tests depth when that interval excludes 0 and its mean is
-at least `CLEAR_DIFFERENCE` (a clear win, not a marginal one). Per kind (solvable, non-solvable), the candidate of
-highest lower bound among those is chosen; a kind with none is left out of the study, which says so. The test split
-is reported beside, never chosen on.
+and `python bench/loop_choice.py` writes bench/reports/study/loops/choice.{md,json} from every such folder, by the
+rule `RULE` fixed before the first of these runs finished (`CLEAR_DIFFERENCE`: a clear win, not a marginal one). The
+test split is reported beside, never chosen on.
 """
 
 from __future__ import annotations
@@ -40,6 +37,12 @@ REPORT = REPO_ROOT / "bench" / "reports" / "study" / "loops"
 CHOICE_SEEDS = (0, 1, 2, 3, 4)
 ROWS = {"budget": ("untied, 2 blocks", "L2/none"), "ceiling": ("untied, 4 blocks", "none")}  # label, run folder
 CLEAR_DIFFERENCE = 0.05  # mean accuracy: 5 points, the least difference called a clear win
+RULE = (
+    "the paired difference of the mean validation accuracy, 4 untied blocks minus 2, over seeds 0-4 with its 95% "
+    f"interval; a candidate tests depth when that interval excludes 0 and its mean is at least {CLEAR_DIFFERENCE:g}. Per "
+    "kind (solvable, non-solvable), the candidate of highest lower bound among those is chosen; a kind with none is "
+    "left out of the study."
+)
 
 
 # What every candidate trains under: depth's model and steps, the recipe frozen for depth-fresh (linear decay; weight
@@ -99,12 +102,12 @@ def write_report(report_dir: Path = REPORT) -> Path:
     candidates = [candidate(folder) for folder in folders if (folder / "settings.json").is_file()]
     chosen = choose(candidates)
     records = [record for c in candidates for record in c.pop("records")]
-    payload = {"rule": __doc__.split("The rule, ")[1].split("\n\n")[0].replace("\n", " "), "candidates": candidates, "chosen": chosen}
+    payload = {"rule": RULE, "candidates": candidates, "chosen": chosen}
     report_dir.mkdir(parents=True, exist_ok=True)
     write_whole(report_dir / "choice.json", json.dumps(payload, indent=2))
     lines = [
         "Which word problems test depth at width 64 (issue 76, item 1): 2 against 4 untied blocks under the depth tasks' "
-        "training, seeds 0-4 (`python bench/loop_choice.py`). The rule, " + payload["rule"],
+        "training, seeds 0-4 (`python bench/loop_choice.py`). The rule: " + payload["rule"],
         "",
         "| task | kind | seeds | 2 untied blocks, test accuracy | 4 untied blocks, test accuracy | 4 minus 2, validation | 4 minus 2, test | tests depth |",
         "|---|---|---|---|---|---|---|---|",

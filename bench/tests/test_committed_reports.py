@@ -14,13 +14,13 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))  # `bench` is a folder of the repository, not part of the installed package
 
-from bench import compress, hop_depth, recipe_report, run_bench, serving  # noqa: E402
+from bench import compress, hop_depth, loop_choice, recipe_report, run_bench, serving  # noqa: E402
 
 # The fast tier (`python -m pytest -m "not e2e and not slow"`) leaves these out: the committed reports rebuilt from their records.
 pytestmark = pytest.mark.e2e
 
 SCRIPTS = {"run_bench.py": run_bench.main, "compress.py": compress.main, "hop_depth.py": hop_depth.main,
-           "recipe_report.py": recipe_report.main, "serving.py": serving.main}  # fmt: skip
+           "recipe_report.py": recipe_report.main, "serving.py": serving.main, "loop_choice.py": loop_choice.main}  # fmt: skip
 
 # (the command that writes it, less --report_dir; its committed folder; the report's name there). The reports left
 # out were written by the report code of an earlier commit, from folders the current presets no longer accept
@@ -39,6 +39,7 @@ REBUILT = [
     (["hop_depth.py", "--report_only"], "study/depth", "hop_induction"),
     (["recipe_report.py"], "study/recipe", "results"),
     (["serving.py", "--report_only"], "serving", "results"),
+    (["loop_choice.py"], "study/loops", "choice"),
 ]
 # The machine that wrote the report, named where records predate recording theirs: not something records give.
 WRITER_DEPENDENT = {"hardware"}

@@ -150,3 +150,21 @@ def test_the_loops_presets_share_their_model_and_steps_with_the_studies_they_ext
         parent = PRESETS["partial"] if task == "language" else PRESETS["depth"]
         assert dataclasses.replace(settings, loop_study=None, seeds=parent.seeds, n_layer=parent.n_layer, partial_loops=parent.partial_loops,
                                    tuning_seed=parent.tuning_seed, frozen_recipe=parent.frozen_recipe) == parent  # fmt: skip
+
+
+def test_the_word_problem_choice_takes_a_clear_win_on_every_choice_seed_and_the_highest_lower_bound_per_kind():
+    from bench.loop_choice import _tests_depth, choose
+
+    def difference(mean, half, seeds=5):
+        return {"mean": mean, "half_width": half, "seeds": seeds, "verdict": "higher" if mean - half > 0 else "no difference detected"}
+
+    assert _tests_depth(difference(0.08, 0.02))
+    assert not _tests_depth(difference(0.04, 0.01))  # above 0, but not by 5 points
+    assert not _tests_depth(difference(0.08, 0.09))  # the interval reaches 0
+    assert not _tests_depth(difference(0.08, 0.02, seeds=4))  # a choice seed missing
+    candidates = [
+        {"task": "wide", "kind": "solvable", "tests_depth": True, "validation_difference": difference(0.20, 0.14)},
+        {"task": "narrow", "kind": "solvable", "tests_depth": True, "validation_difference": difference(0.10, 0.02)},
+        {"task": "flat", "kind": "non-solvable", "tests_depth": False, "validation_difference": difference(0.0, 0.01)},
+    ]
+    assert choose(candidates) == {"solvable": "narrow", "non-solvable": None}  # 0.08 above 0 beats 0.06
