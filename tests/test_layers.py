@@ -60,3 +60,39 @@ def test_importing_the_package_leaves_the_matplotlib_backend_alone():
     code = "import matplotlib; matplotlib.use('svg'); import hf_layertie; print(matplotlib.get_backend())"
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert completed.stdout.strip() == "svg"
+
+
+def module_imports(path: Path) -> set[str]:
+    """The package's modules (dotted, relative to hf_layertie) that the module at `path` imports, `TYPE_CHECKING`
+    blocks included: `from .x import y` names module `x.y` where that is a module, else `x`."""
+    modules = {_dotted(other) for other in PACKAGE.rglob("*.py")}
+    here = _dotted(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".") if package else []
+                base = ".".join([*parts[: len(parts) - node.level + 1], *([node.module] if node.module else [])])
+            elif (node.module or "").startswith("hf_layertie."):
+                base = node.module.removeprefix("hf_layertie.")
+            else:
+                continue
+            for alias in node.names:
+                named = f"{base}.{alias.name}" if base else alias.name
+                found.add(named if named in modules else base)
+    return found & modules - {here}
+
+
+def _dotted(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_two_modules_import_each_other():
+    """Not even for type hints: a pair that does is one concern split in two, or a type in the wrong module."""
+    graph = {_dotted(path): module_imports(path) for path in PACKAGE.rglob("*.py")}
+    mutual = sorted({tuple(sorted((a, b))) for a, targets in graph.items() for b in targets if a in graph.get(b, set())})
+    assert mutual == [], f"modules importing each other: {mutual}"
+    # The relative imports are resolved (a parse that found nothing would pass the check above).
+    assert {"models.tying_map", "models.adapter_export"} <= graph["models.tied_blocks"] and "engine.processes" in graph["engine.tying_engine"]

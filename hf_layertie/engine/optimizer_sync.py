@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..models.tied_blocks import RetieReport
+from ..models.tying_map import RetieReport
 from .block_learning_rates import group_by_block_uses
 
 

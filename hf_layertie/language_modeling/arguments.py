@@ -6,9 +6,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from .generated_tasks import HOP_TASKS, check_hop_task_arguments, check_removed_task
+from ..toolkit import changed_from_default
+from .generated_tasks import HOP_TASKS, check_removed_task, hop_task_config
 
 DEFAULT_MLM_PROBABILITY = 0.15
+# Data arguments of text that a generated task has no use for: its examples, and their length, come from
+# `--dataset_config_name`.
+TEXT_ONLY_ARGUMENTS = (
+    "train_file", "validation_file", "block_size", "text_column_name", "preprocessing_num_workers",
+    "validation_split_percentage", "keep_linebreaks",
+)  # fmt: skip
 
 
 @dataclass
@@ -85,7 +92,7 @@ class DataTrainingArguments:
     def __post_init__(self):
         check_removed_task(self.dataset_name)
         if self.dataset_name in HOP_TASKS:
-            check_hop_task_arguments(self)
+            self._check_generated_task()
             if self.streaming:
                 raise ValueError(
                     f"--streaming reads text data as a stream; --dataset_name {self.dataset_name} is generated in memory: "
@@ -107,6 +114,20 @@ class DataTrainingArguments:
             raise ValueError(f"--validation_split_percentage must be in (0, 100), got {self.validation_split_percentage}")
         if isinstance(self.sample_max_new_tokens, bool) or not isinstance(self.sample_max_new_tokens, int) or self.sample_max_new_tokens < 0:
             raise ValueError(f"--sample_max_new_tokens must be an integer >= 0, got {self.sample_max_new_tokens!r}")
+
+
+    def _check_generated_task(self) -> None:
+        """Refuse the text-only data arguments (they would be ignored) and read the task's settings, so that both are
+        reported before anything loads."""
+        name = self.dataset_name
+        given = changed_from_default(self, TEXT_ONLY_ARGUMENTS)
+        if given:
+            raise ValueError(
+                f"--dataset_name {name} generates its examples, and their length, from --dataset_config_name: it reads no "
+                f"{', '.join(given)}. Leave {'it' if len(given) == 1 else 'them'} unset (sizes go in --dataset_config_name, "
+                f"e.g. '{HOP_TASKS[name].example_settings}')"
+            )
+        hop_task_config(name, self.dataset_config_name)
 
     def evaluation_settings(self) -> dict[str, Any]:
         """The settings that pick and shape the evaluated blocks (every one but `TRAINING_ONLY`): saved beside an

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import datasets
 import torch
@@ -19,10 +19,7 @@ from ..data.generated_tasks import IGNORE_INDEX
 from ..data.hop_induction import HopInductionConfig, hop_induction_datasets, hop_induction_tokenizer
 from ..data.word_problem import WordProblemConfig, word_problem_datasets, word_problem_tokenizer
 from ..metrics import load_metric
-from ..toolkit import changed_from_default, this_process_share
-
-if TYPE_CHECKING:
-    from .arguments import DataTrainingArguments
+from ..toolkit import this_process_share
 
 
 class GeneratedTask(NamedTuple):
@@ -59,14 +56,6 @@ REMOVED_TASKS = {
     "multihop": "chains of variable references, removed after no small model learned a second hop on them: bench/README.md, "
     "'Before it: chains of references'",
 }
-# Data arguments of text that a generated task has no use for: its examples, and their length, come from
-# `--dataset_config_name`.
-TEXT_ONLY_ARGUMENTS = (
-    "train_file", "validation_file", "block_size", "text_column_name", "preprocessing_num_workers",
-    "validation_split_percentage", "keep_linebreaks",
-)  # fmt: skip
-
-
 def check_removed_task(name: str | None) -> None:
     """Refuse a `--dataset_name` of a generated task that was removed, naming the tasks there are."""
     if name in REMOVED_TASKS:
@@ -74,20 +63,6 @@ def check_removed_task(name: str | None) -> None:
             f"--dataset_name {name}: the generated task {name} ({REMOVED_TASKS[name]}) is no longer offered; the "
             f"generated tasks are {', '.join(sorted(HOP_TASKS))}"
         )
-
-
-def check_hop_task_arguments(data_args: DataTrainingArguments) -> None:
-    """Refuse the text-only data arguments (they would be ignored) and read the task's settings, so that both are
-    reported before anything loads."""
-    name = data_args.dataset_name
-    given = changed_from_default(data_args, TEXT_ONLY_ARGUMENTS)
-    if given:
-        raise ValueError(
-            f"--dataset_name {name} generates its examples, and their length, from --dataset_config_name: it reads no "
-            f"{', '.join(given)}. Leave {'it' if len(given) == 1 else 'them'} unset (sizes go in --dataset_config_name, "
-            f"e.g. '{HOP_TASKS[name].example_settings}')"
-        )
-    hop_task_config(name, data_args.dataset_config_name)
 
 
 def hop_task_config(name: str, config_text: str | None):

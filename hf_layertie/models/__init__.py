@@ -14,8 +14,8 @@ from .modeling_tied_gpt2 import TiedGPT2LMHeadModel
 from .modeling_tied_llama import TiedLlamaForCausalLM
 from .modeling_tied_mistral import TiedMistralForCausalLM
 from .modeling_tied_qwen2 import TiedQwen2ForCausalLM
-from .tied_blocks import ParameterCounts, RetieReport, TiedBlocksMixin
-from .tying_map import TyingMap
+from .tied_blocks import ParameterCounts, TiedBlocksMixin
+from .tying_map import RetieReport, TyingMap
 from .tying_strategies import STRATEGY_NAMES, check_static_spec, check_strategy_spec, parse_strategy, resolve_tying_map
 
 # Every tied model class by `model_type` ("tied_llama", ...), with the Auto class it registers for.

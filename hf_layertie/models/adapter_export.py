@@ -11,7 +11,6 @@ import contextlib
 import copy
 import os
 import warnings
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -20,9 +19,7 @@ from transformers.utils import ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, A
 
 from ._compat import carries_integrated_adapters, is_fsdp_sharded, is_persistent_buffer, saving_whole_model
 from .configuration_tying import LOOP_RECIPE_FIELDS, TYING_FIELDS
-
-if TYPE_CHECKING:
-    from .tied_blocks import RetieReport
+from .tying_map import RetieReport
 
 # Config keys that name the tied classes; a plain config (`to_untied`) leaves them out with the tying fields.
 _TIED_CLASS_KEYS = ("model_type", "architectures", "auto_map", "transformers_version")

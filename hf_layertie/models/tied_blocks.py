@@ -29,7 +29,7 @@ import os
 import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -40,7 +40,7 @@ from ._compat import children, declare_tied_weights, declared_tied_weights, is_f
 from .adapter_export import AdapterExportMixin, is_adapter_layer
 from .configuration_tying import check_skipped_positions, check_tie_init
 from .lean_construction import distinct_blocks_only
-from .tying_map import TyingMap
+from .tying_map import RetieReport, TyingMap
 
 # `from_pretrained`'s arguments that say where and how to read a checkpoint's files, as transformers lists them.
 _DOWNLOAD_KWARGS = tuple(DownloadKwargs.__annotations__)
@@ -107,28 +107,6 @@ def _refuse_adapters_without_peft(folder) -> None:
             f"{folder} holds PEFT adapters (relaxed ties) beside its tied base, and PEFT is not installed: the model "
             f"would load without them. pip install 'hf-layertie[peft]'"
         )
-
-
-@dataclass
-class RetieReport:
-    """What `TiedBlocksMixin.retie` changed: the Parameters `added` and `removed`, and where the added ones come from,
-    which `sync_optimizer_with_model` reads to bring an optimizer along.
-
-    `copied_from[new]` is the Parameter a fresh Parameter was copied from, so that optimizer state and
-    parameter groups can follow the weights; `averaged_from[new]` the Parameters a fresh one is the mean of
-    (`tie_init="mean"`). Parameters that only moved to another block are in none of these.
-    """
-
-    old_map: TyingMap
-    new_map: TyingMap
-    added: list[nn.Parameter] = field(default_factory=list)
-    removed: list[nn.Parameter] = field(default_factory=list)
-    copied_from: dict[nn.Parameter, nn.Parameter] = field(default_factory=dict)
-    averaged_from: dict[nn.Parameter, list[nn.Parameter]] = field(default_factory=dict)
-
-    @property
-    def changed(self) -> bool:
-        return self.old_map != self.new_map
 
 
 @dataclass(frozen=True)

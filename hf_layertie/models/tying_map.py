@@ -13,8 +13,12 @@ they load with `trust_remote_code=True` in environments without `hf_layertie`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Integral
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: a map needs no torch
+    from torch import nn
 
 
 def _validate_entries(entries: Sequence, num_blocks: int | None) -> list[int]:
@@ -168,3 +172,24 @@ class TyingMap(Sequence):
     def to_list(self) -> list[int]:
         return list(self.entries)
 
+
+@dataclass
+class RetieReport:
+    """What `TiedBlocksMixin.retie` changed: the Parameters `added` and `removed`, and where the added ones come from,
+    which `sync_optimizer_with_model` reads to bring an optimizer along.
+
+    `copied_from[new]` is the Parameter a fresh Parameter was copied from, so that optimizer state and
+    parameter groups can follow the weights; `averaged_from[new]` the Parameters a fresh one is the mean of
+    (`tie_init="mean"`). Parameters that only moved to another block are in none of these.
+    """
+
+    old_map: TyingMap
+    new_map: TyingMap
+    added: list[nn.Parameter] = field(default_factory=list)
+    removed: list[nn.Parameter] = field(default_factory=list)
+    copied_from: dict[nn.Parameter, nn.Parameter] = field(default_factory=dict)
+    averaged_from: dict[nn.Parameter, list[nn.Parameter]] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return self.old_map != self.new_map
