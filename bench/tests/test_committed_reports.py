@@ -40,6 +40,7 @@ REBUILT = [
     (["recipe_report.py"], "study/recipe", "results"),
     (["serving.py", "--report_only"], "serving", "results"),
     (["loop_choice.py"], "study/loops", "choice"),
+    (["run_bench.py", "--preset", "loops-language", "--report_only", "true"], "study/loops-language", "results"),
 ]
 # The machine that wrote the report, named where records predate recording theirs: not something records give.
 WRITER_DEPENDENT = {"hardware"}
