@@ -29,7 +29,7 @@ from bench.markdown_tables import estimate, refresh_after_report  # noqa: E402
 from bench.provenance import source_lines  # noqa: E402
 from bench.report import interval, load_result, paired_difference, verdict_cell  # noqa: E402
 from bench.scheduling import write_whole  # noqa: E402
-from bench.settings import folder_settings  # noqa: E402
+from bench.settings import PRESETS, folder_settings  # noqa: E402
 from hf_layertie.data.word_problem import WordProblemConfig, is_solvable  # noqa: E402
 
 RESULTS = REPO_ROOT / "bench" / "results" / "loops-choice"
@@ -47,7 +47,8 @@ RULE = (
 
 # What every candidate trains under: depth's model and steps, the recipe frozen for depth-fresh (linear decay; weight
 # decay 0.1, the study's, which a fingerprint leaves out).
-TRAINING = {"n_layer": 4, "n_embd": 64, "n_head": 4, "max_steps": 5000, "batch_size": 32, "learning_rate": 1e-3, "lr_scheduler_type": "linear"}
+TRAINING = {name: getattr(PRESETS["depth"], name) for name in ("n_layer", "n_embd", "n_head", "max_steps", "batch_size", "learning_rate")}
+TRAINING["lr_scheduler_type"] = "linear"
 
 
 def candidate(folder: Path) -> dict:
