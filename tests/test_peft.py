@@ -120,7 +120,7 @@ def test_adapters_trained_on_a_fixed_map_resume_from_their_last_checkpoint(tmp_p
     from datasets import Dataset
 
     from hf_layertie import TyingTrainer, TyingTrainingArguments
-    from hf_layertie.toolkit import missing_checkpoint_files
+    from hf_layertie.trainer.checkpoint_format import missing_checkpoint_files
 
     rows = torch.randint(1, TINY_GPT2["vocab_size"], (32, 12), generator=torch.Generator().manual_seed(1))
     data = Dataset.from_dict({"input_ids": rows.tolist(), "labels": rows.tolist()})

@@ -140,7 +140,7 @@ def test_a_tying_run_refuses_to_continue_the_checkpoints_of_a_conventional_run(t
 
 
 def test_a_run_trained_by_epochs_is_finished_unless_more_epochs_are_asked_for(tmp_path):
-    from hf_layertie.toolkit import finished_training_step
+    from hf_layertie.trainer import finished_training_step
 
     state = {"global_step": 10, "max_steps": 10, "num_train_epochs": 1, "epoch": 1.0}
     (tmp_path / "trainer_state.json").write_text(json.dumps(state))
@@ -154,7 +154,7 @@ def test_a_run_trained_by_epochs_is_finished_unless_more_epochs_are_asked_for(tm
 
 
 def test_a_checkpoint_to_resume_is_refused_naming_what_is_wrong(tmp_path):
-    from hf_layertie.toolkit import checkpoint_to_resume
+    from hf_layertie.trainer import checkpoint_to_resume
 
     with pytest.raises(ValueError, match=r"--resume_from_checkpoint .*checkpoint-9: no such folder"):
         checkpoint_to_resume(tmp_path, str(tmp_path / "checkpoint-9"))
@@ -760,6 +760,15 @@ def test_run_lambada_fine_tunes_and_scores_only_the_held_out_passages(tmp_path, 
     again = run_lambada(flags)  # the same command again: the run is finished, nothing is trained
     assert again["eval_lambada_accuracy"] == metrics["eval_lambada_accuracy"]
     assert (tmp_path / "model.safetensors").read_bytes() == weights
+    # Asked nothing its saved results lack, a finished run returns them and writes nothing (run_lifecycle's rule,
+    # as run_clm.py's); under other tying settings it is refused, naming them.
+    files = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    training_only = [flag for flag in flags if flag != "--do_eval"]
+    assert run_lambada(training_only) == json.loads((tmp_path / "all_results.json").read_text())
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == files
+    interval = training_only.index("--tying_interval") + 1
+    with pytest.raises(ValueError, match="tying_interval=2 there, 4 here"):
+        run_lambada([*training_only[:interval], "4", *training_only[interval + 1 :]])
 
 
 def test_run_lambada_names_the_malformed_line(tmp_path, clm_run):

@@ -20,12 +20,8 @@ from hf_layertie import TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArgument
 from hf_layertie.decisions import Decision, Observation, SimilarityDecisions
 from hf_layertie.dlt import PaperAgent
 from hf_layertie.models import TyingMap
-from hf_layertie.trainer import TYING_HISTORY_NAME, TYING_PLOT_NAME, TYING_STATE_NAME
-from hf_layertie.trainer.checkpoint_format import (
-    TYING_STATE_FORMAT_VERSION,
-    finished_training_step,
-    last_complete_checkpoint,
-)
+from hf_layertie.trainer import TYING_HISTORY_NAME, TYING_PLOT_NAME, TYING_STATE_NAME, finished_training_step
+from hf_layertie.trainer.checkpoint_format import TYING_STATE_FORMAT_VERSION, last_complete_checkpoint
 
 
 def tiny_model(num_blocks=4, seed=0):

@@ -25,10 +25,11 @@ import torch
 
 from ..block_similarity import block_angular_distances
 from ..decisions import Decision, Observation, TyingDecisions
+from ..models._compat import carries_integrated_adapters
 from ..models.adapter_export import is_adapter_layer
 from ..models.tied_blocks import ParameterCounts, TiedBlocksMixin
 from ..models.tying_map import TyingMap
-from ..relaxed_ties import relax_ties
+from ..relaxed_ties import holds_adapters, load_relaxed_weights, relax_ties
 from .optimizer_sync import add_to_optimizer, sync_optimizer_with_model
 from .processes import Processes
 from .tying_history import TyingHistory
@@ -206,6 +207,19 @@ class TyingEngine:
         if optimizer is not None:
             adapted = next(module for module in self.model.tied_blocks.modules() if is_adapter_layer(module))
             add_to_optimizer(optimizer, self.model, adapters, like=adapted.base_layer.weight)
+
+    def load_relaxed_checkpoint(self, checkpoint: str, lora_rank: int | None) -> bool:
+        """Load `checkpoint`'s weights when they are relaxed ties' (this run's, `lora_rank`, or those of a relaxed
+        folder trained on as it is): the tied base and its adapters, which the model gets first if it has none yet.
+        False for a plain checkpoint (one saved before the map was applied, as in similarity's warm-up: the adapters
+        come when the run applies the map), which the caller loads."""
+        relaxed = lora_rank is not None or carries_integrated_adapters(self.model)
+        if not (relaxed and holds_adapters(checkpoint)):
+            return False
+        if not carries_integrated_adapters(self.model):
+            self.relax(lora_rank, "zero", None)  # into an optimizer passed in, too
+        load_relaxed_weights(self.model, checkpoint)
+        return True
 
     def finish_decisions(self, write: bool) -> None:
         """Give the decision still pending its outcome (the loss of the steps after it), log it and write the history

@@ -20,7 +20,6 @@ from ..toolkit import (
     ModelArguments,
     changed_from_default,
     check_training_sources,
-    finished_training_step,
     fit_tokenizer_to_model,
     load_model,
     load_tokenizer,
@@ -32,9 +31,8 @@ from ..toolkit import (
     split_reward_examples,
     tied_model_type,
     tied_model_types,
-    training_resume_point,
 )
-from ..trainer import TyingTrainer, TyingTrainingArguments
+from ..trainer import TrainingStart, TyingTrainer, TyingTrainingArguments, save_training_outputs, training_start
 from .evaluation import evaluate_lambada
 from .finetune import lambada_causal_lm_dataset, lambada_finetune_split
 from .reader import read_lambada_jsonl
@@ -88,11 +86,13 @@ def _evaluate_and_fine_tune(
     refuse_training_settings_without_training(training_args)
     check_training_sources(training_args)
     set_up_logging(training_args.get_process_log_level())
-    resume = None
-    if training_args.do_train:  # before any model or data is loaded: a run this command may not continue is refused
-        output_dir = training_args.output_dir
-        finished = finished_training_step(output_dir, training_args.max_steps, training_args.num_train_epochs)
-        resume = training_resume_point(output_dir, training_args.resume_from_checkpoint, finished)
+    # Before any model or data is loaded: a finished run is not trained again, a run this command may not continue
+    # is refused.
+    start = TrainingStart()
+    if training_args.do_train:
+        start = training_start(training_args, lambda saved: _asked_of_finished_run(training_args))
+        if start.saved_metrics is not None:
+            return start.saved_metrics
     set_seed(training_args.seed)
 
     passages = read_lambada_jsonl(lambada_args.lambada_file)
@@ -109,7 +109,7 @@ def _evaluate_and_fine_tune(
 
     if training_args.do_train:
         train_passages, eval_passages = lambada_finetune_split(passages, lambada_args.eval_fraction)
-        trainer = _fine_tune(model, tokenizer, train_passages, lambada_args, training_args, card, resume)
+        trainer = _fine_tune(model, tokenizer, train_passages, lambada_args, training_args, card, start.resume)
     else:
         eval_passages = passages
         # Evaluation only: no tying decision runs, the checkpoint's own map is scored as it is.
@@ -171,9 +171,12 @@ def _fine_tune(model, tokenizer, passages, lambada_args, training_args, card, re
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
         model_card_kwargs=card,
     )
-    result = trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model()
-    trainer.log_metrics("train", result.metrics)
-    trainer.save_metrics("train", result.metrics)
-    trainer.save_state()
+    save_training_outputs(trainer, trainer.train(resume_from_checkpoint=resume).metrics)
     return trainer
+
+
+def _asked_of_finished_run(training_args: TyingTrainingArguments) -> list[str]:
+    """What this command asks of a finished fine-tuning run beyond its saved results: an evaluation (the saved one
+    records no passages or file, so it is scored again), a push to the Hub."""
+    asked = ["an evaluation (--do_eval)"] if training_args.do_eval else []
+    return asked + (["a push to the Hub (--push_to_hub)"] if training_args.push_to_hub else [])

@@ -30,14 +30,12 @@ from ..toolkit import (
     ModelArguments,
     bigram_loss,
     check_training_sources,
-    finished_training_step,
     fit_tokenizer_to_model,
     has_own_validation_split,
     load_model,
     load_text_datasets,
     load_tokenizer,
     mask_evaluation_blocks,
-    missing_checkpoint_files,
     parse_command_line,
     process_group_ended,
     read_stream,
@@ -50,11 +48,9 @@ from ..toolkit import (
     tied_model_type,
     tied_model_types,
     tokenize_and_group,
-    training_resume_point,
     unigram_loss,
 )
-from ..trainer import TyingTrainer, TyingTrainingArguments, check_resumes_saved_settings
-from ..trainer.checkpoint_format import read_json, read_tying_state
+from ..trainer import TrainingStart, TyingTrainer, TyingTrainingArguments, save_training_outputs, training_start
 from .arguments import DataTrainingArguments
 from .generated_tasks import (
     HOP_TASKS,
@@ -100,8 +96,6 @@ class LanguageModelingTask:
 
 CAUSAL_LM = LanguageModelingTask("clm", tied_model_types(AutoModelForCausalLM), "shakespeare-bpe", False)
 MASKED_LM = LanguageModelingTask("mlm", tied_model_types(AutoModelForMaskedLM), "shakespeare-wordpiece", True)
-# What a training run leaves in output_dir besides a complete checkpoint's files (the final model's).
-FINAL_OUTPUTS = ("all_results.json", "README.md")
 # The data settings and seeds of the evaluation saved in a run's folder (`_evaluation_settings`).
 EVALUATION_SETTINGS_FILE = "eval_settings.json"
 ArgumentTuple = tuple[ModelArguments, DataTrainingArguments, TyingTrainingArguments]
@@ -200,34 +194,13 @@ def _train_and_evaluate(
 ) -> dict[str, float]:
     set_up_logging(training_args.get_process_log_level())
     output_dir = training_args.output_dir
-    finished = (
-        finished_training_step(output_dir, training_args.max_steps, training_args.num_train_epochs)
-        if training_args.do_train
-        else None
-    )
-    if finished is not None and training_args.resume_from_checkpoint is not None:
-        logger.warning(
-            f"Training in {output_dir} already finished at step {finished}: --resume_from_checkpoint "
-            f"{training_args.resume_from_checkpoint} is not used (no step is trained again over its final model). To "
-            "train from that checkpoint, pass a new --output_dir; to continue the run, a larger --max_steps"
-        )
-    if finished is not None:
-        missing = _missing_final_outputs(output_dir)
-        saved = _saved_metrics(output_dir)
-        asked = [] if missing else _asked_beyond_saved(training_args, data_args, saved, output_dir)
-        if not missing and not asked:
-            # Its results are those of the settings it ran under: this command's must be the same.
-            check_resumes_saved_settings(training_args, output_dir, read_tying_state(output_dir))
-            logger.warning(
-                f"Training in {output_dir} already finished at step {finished}: nothing is trained or changed. "
-                f"Pass a larger --max_steps (or --num_train_epochs) to continue it, or a new --output_dir to train again."
-            )
-            return saved
-        wanted = ", ".join([*missing, *asked])
-        logger.warning(f"Training in {output_dir} finished at step {finished} without {wanted}: producing them, training no step")
-    # Before any data or model is loaded: a run this command may not continue is refused. A finished run whose last
-    # outputs were lost is finished from its final model (no step is trained).
-    resume = training_resume_point(output_dir, training_args.resume_from_checkpoint, finished) if training_args.do_train else None
+    # Before any data or model is loaded: a finished run is not trained again, a run this command may not continue
+    # is refused.
+    start = TrainingStart()
+    if training_args.do_train:
+        start = training_start(training_args, lambda saved: _asked_beyond_saved(training_args, data_args, saved, output_dir))
+        if start.saved_metrics is not None:
+            return start.saved_metrics
     set_seed(training_args.seed)
 
     hop_task = data_args.dataset_name if data_args.dataset_name in HOP_TASKS else None
@@ -278,16 +251,12 @@ def _train_and_evaluate(
         _check_servable(trainer, data_args.serving_output_dir)
     metrics: dict[str, float] = {}
     if training_args.do_train:
-        train_result = trainer.train(resume_from_checkpoint=resume)
-        trainer.save_model()
-        if resume != str(output_dir):  # trained (not finished from its own folder): its saved evaluation is stale
+        train_metrics = dict(trainer.train(resume_from_checkpoint=start.resume).metrics)
+        if start.resume != str(output_dir):  # trained (not finished from its own folder): its saved evaluation is stale
             _drop_saved_evaluation(trainer, output_dir)
-        train_metrics = dict(train_result.metrics)
         if not data_args.streaming:  # a stream's length is unknown
             train_metrics["train_samples"] = len(train_dataset)
-        trainer.log_metrics("train", train_metrics)
-        trainer.save_metrics("train", train_metrics)
-        trainer.save_state()
+        save_training_outputs(trainer, train_metrics)
         metrics.update(train_metrics)
     if training_args.do_eval:
         eval_metrics = trainer.evaluate()
@@ -500,11 +469,6 @@ def _fill_mask_sample(model, tokenizer, block: list[int]) -> str:
     return f"[text]   {tokenizer.decode(masked)}\n[truth]  {pieces[position]!r}\n[model]  {answers}"
 
 
-def _missing_final_outputs(output_dir: str) -> list[str]:
-    """What a finished training run in `output_dir` should have left and has not."""
-    return missing_checkpoint_files(output_dir) + [name for name in FINAL_OUTPUTS if not (Path(output_dir) / name).is_file()]
-
-
 def _data_source(data_args: DataTrainingArguments) -> str:
     """Where the text came from, as the user named it (for errors about its rows)."""
     if data_args.dataset_name is not None:
@@ -563,11 +527,6 @@ def _drop_saved_evaluation(trainer: TyingTrainer, output_dir: str) -> None:
     if path.is_file():
         kept = {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith(("eval_", "perplexity"))}
         path.write_text(json.dumps(kept, indent=4, sort_keys=True))
-
-
-def _saved_metrics(output_dir: str) -> dict[str, float]:
-    path = Path(output_dir) / "all_results.json"
-    return read_json(path) if path.is_file() else {}
 
 
 def _dataset_label(data_args: DataTrainingArguments) -> str:

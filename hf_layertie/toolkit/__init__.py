@@ -1,8 +1,7 @@
 """The toolkit every script shares (`run_clm.py`, `run_mlm.py`, `run_lambada.py`, `bench/`): arguments, data,
-tokenizers and models, resuming, logging, ending the process group, the reward batch and count baselines. Every
+tokenizers and models, logging, ending the process group, the reward batch and count baselines. Every
 function takes plain values."""
 
-from ..trainer.checkpoint_format import finished_training_step
 from .arguments import (
     ModelArguments,
     changed_from_default,
@@ -11,13 +10,6 @@ from .arguments import (
     refuse_training_settings_without_training,
 )
 from .baselines import bigram_loss, unigram_loss
-from .checkpoints import (
-    checkpoint_to_resume,
-    last_complete_checkpoint,
-    missing_checkpoint_files,
-    refuse_training_over,
-    training_resume_point,
-)
 from .data import (
     fit_tokenizer_to_model,
     has_own_validation_split,
@@ -47,18 +39,12 @@ __all__ = [
     "bigram_loss",
     "check_tied_model_type",
     "changed_from_default",
-    "checkpoint_to_resume",
-    "finished_training_step",
     "fit_tokenizer_to_model",
     "has_own_validation_split",
-    "last_complete_checkpoint",
     "load_model",
     "load_text_datasets",
     "load_tokenizer",
     "mask_evaluation_blocks",
-    "missing_checkpoint_files",
-    "refuse_training_over",
-    "training_resume_point",
     "check_training_sources",
     "refuse_training_settings_without_training",
     "parse_command_line",

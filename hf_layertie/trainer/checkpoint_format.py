@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
+from transformers import TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import (
@@ -44,7 +45,7 @@ from transformers.utils import (
 from ..checks import reworded
 from ..decisions import DECISIONS, split_strategy
 from ..models.tying_map import TyingMap
-from .training_args import DISTILLATION_SETTINGS, LOOP_SETTINGS
+from .training_args import DISTILLATION_SETTINGS, LOOP_SETTINGS, TyingTrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,18 @@ ADAPTER_WEIGHTS_FILES = (ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME)
 _CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
 
+def tying_state_of(args: TyingTrainingArguments, decisions_state: dict, model, training: dict) -> dict:
+    """A run's tying state in the current layout: the strategy and its settings (`saved_settings`), the decisions'
+    state (`TyingEngine.state_dict`), the model the run started from and its training totals so far."""
+    return {
+        "tying_strategy": args.tying_strategy,
+        "settings": args.saved_settings(),
+        "decisions": decisions_state,
+        "starting_model": starting_model(model),
+        "training": training,
+    }
+
+
 def write_tying_state(folder: str | Path, state: dict) -> None:
     """Write `state` as `folder/tying_state.pt` in the current layout (`TYING_STATE_FORMAT_VERSION`), atomically: a
     kill leaves the old file or none, never half of one."""
@@ -70,6 +83,15 @@ def write_tying_state(folder: str | Path, state: dict) -> None:
     with explain_write_errors(folder):
         torch.save({**state, "format_version": TYING_STATE_FORMAT_VERSION}, partial)
         os.replace(partial, os.path.join(folder, TYING_STATE_NAME))
+
+
+def save_trainer_state(state: TrainerState, output_dir: str | Path) -> None:
+    """Write `trainer_state.json` into `output_dir` atomically: the final one is what tells a re-run that the run
+    finished, so a kill while it is written leaves the old file or none, never half of one."""
+    path = os.path.join(output_dir, TRAINER_STATE_NAME)
+    with explain_write_errors(output_dir):
+        state.save_to_json(path + ".partial")
+        os.replace(path + ".partial", path)
 
 
 def read_tying_state(checkpoint: str | Path) -> dict | None:
@@ -188,28 +210,6 @@ def checkpoint_step(checkpoint: str | Path) -> int | None:
     if not os.path.isfile(path):
         return None
     return int(read_json(path).get("global_step", 0))
-
-
-def finished_training_step(output_dir: str | Path, max_steps: int, num_train_epochs: float | None = None) -> int | None:
-    """The final step of a training run in `output_dir` (its output folder, or a checkpoint of it) that already
-    reached `max_steps`, else None. With `max_steps <= 0` (training by epochs) the run's own last step is the target,
-    unless `num_train_epochs` asks for more epochs than the run trained: it then continues from its last complete
-    checkpoint (with none, the scripts refuse to train over it: `refuse_training_over`).
-
-    `Trainer.save_state()` writes `trainer_state.json` into `output_dir` itself once training is over; training a
-    finished run again would only add steps past its end (transformers resumes one step further).
-    """
-    path = os.path.join(output_dir, TRAINER_STATE_NAME)
-    if not os.path.isfile(path):
-        return None
-    state = read_json(path)
-    step = state.get("global_step", 0)
-    # The epochs trained (`epoch`, a fraction: the saved `num_train_epochs` is rounded up); a state without it is a
-    # run's that ended as the Trainer ends one, judged by its own last step below.
-    if max_steps <= 0 and num_train_epochs is not None and num_train_epochs > state.get("epoch", num_train_epochs) + 1e-6:
-        return None
-    target = max_steps if max_steps > 0 else state.get("max_steps", 0)
-    return step if target > 0 and step >= target else None
 
 
 def read_json(path: str | Path) -> dict:

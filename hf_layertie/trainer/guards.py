@@ -4,7 +4,6 @@ resumed), so a run that cannot succeed stops at once, with a message naming what
 
 from __future__ import annotations
 
-import inspect
 import logging
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,12 +12,10 @@ from transformers.integrations import is_tensorboard_available
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..decisions import Decision
-from ..model_card import build_model_card
 from ..models._compat import carries_integrated_adapters
 from ..models.tied_blocks import TiedBlocksMixin
 from .checkpoint_format import TYING_STATE_NAME
 from .training_args import TyingTrainingArguments
-from .tying_plot import TYING_PLOT_NAME, require_matplotlib
 
 logger = logging.getLogger(__name__)
 
@@ -66,16 +63,6 @@ def report_to_installed_tensorboard_only(args: TyingTrainingArguments) -> None:
     if "tensorboard" in args.report_to and not is_tensorboard_available():
         logger.warning("TensorBoard is not installed: not reporting to it (pip install 'hf-layertie[tensorboard]')")
         args.report_to = [name for name in args.report_to if name != "tensorboard"]
-
-
-def matplotlib_installed() -> bool:
-    """Whether matplotlib (an optional extra) can draw the tying plot; without it saves draw none, as said here once."""
-    try:
-        require_matplotlib()
-    except ImportError:
-        logger.warning(f"matplotlib is not installed: {TYING_PLOT_NAME} is not drawn (pip install 'hf-layertie[plot]')")
-        return False
-    return True
 
 
 @contextmanager
@@ -171,20 +158,6 @@ def refuse_unread_reward_dataset(args: TyingTrainingArguments, reward_dataset) -
             f"reward_dataset is read only with reward_source='held_out', and this run's is {args.reward_source!r}: "
             f"pass reward_source='held_out' to reward decisions on it, or leave reward_dataset out"
         )
-
-
-# What `write_model_card` takes that the trainer fills in itself; `model_card_kwargs` may set the rest.
-_CARD_KWARGS_FILLED = frozenset({"model", "training_args", "eval_results", "tying_plot", "model_name", "evaluated_only"})
-
-
-def checked_card_kwargs(model_card_kwargs: dict | None) -> dict:
-    """`model_card_kwargs`, refused at once if the card cannot take them (the card is written when training ends)."""
-    model_card_kwargs = dict(model_card_kwargs or {})
-    settable = [name for name in inspect.signature(build_model_card).parameters if name not in _CARD_KWARGS_FILLED]
-    unknown = sorted(set(model_card_kwargs) - set(settable))
-    if unknown:
-        raise ValueError(f"model_card_kwargs: {', '.join(unknown)} cannot be set; the card takes {', '.join(settable)} (the trainer fills in the rest)")
-    return model_card_kwargs
 
 
 def refuse_model_init(args: TyingTrainingArguments, model_init) -> None:

@@ -12,6 +12,9 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
+from transformers import Trainer
+
+from ..models._compat import prepare_inputs, remove_unused_columns
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +69,26 @@ class HeldOutReward:
         self._prepare_inputs = prepare_inputs
         self._step = step
         self._batches: list[tuple[dict, int]] | None = None
+
+    @classmethod
+    def of_trainer(cls, trainer: Trainer, reward_dataset) -> HeldOutReward:
+        """The reward batch of a Trainer's run: the first examples of `reward_dataset` (else its eval dataset), with
+        the columns its model does not take dropped, collated by its data collator in chunks of one training
+        micro-batch, put on its device."""
+        args = trainer.args
+        examples = select_reward_examples(
+            reward_dataset if reward_dataset is not None else trainer.eval_dataset,
+            args.reward_batch_size,
+            lambda dataset: remove_unused_columns(trainer, dataset, description="reward"),
+        )
+        return cls(
+            examples,
+            collate=lambda batch: trainer.data_collator(batch),
+            batch_size=args.per_device_train_batch_size,
+            seed=args.agent_seed,
+            prepare_inputs=lambda inputs: prepare_inputs(trainer, inputs),
+            step=lambda: trainer.state.global_step,
+        )
 
     @torch.no_grad()
     def loss(self, model: torch.nn.Module) -> float:

@@ -298,6 +298,15 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         names = ["tying_strategy", *self.decisions_class.settings, *LOOP_SETTINGS]
         return {**{name: getattr(self, name) for name in names}, **self.distillation_settings()}
 
+    def saved_settings(self) -> dict[str, object]:
+        """Every tying setting by name but `tying_strategy` and `tying_plot`, as a checkpoint's tying state records
+        them (a resumed run compares those its strategy reads: `resume_settings`)."""
+        return {
+            **{name: getattr(self, name) for name in self.strategy_settings()},
+            **self.distillation_settings(),
+            **{name: getattr(self, name) for name in LOOP_SETTINGS},
+        }
+
     def distillation_settings(self) -> dict[str, object]:
         """The distillation settings by name, as a checkpoint records and a resumed run compares them: a teacher
         folder by its absolute path, so that the same folder named from elsewhere is the same teacher. A resumed run
