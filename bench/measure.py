@@ -263,8 +263,10 @@ def missing_device(settings: BenchSettings) -> str | None:
     return None
 
 
-def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
-    """Train and measure one run; the JSON-ready result."""
+def run(settings: BenchSettings, spec: RunSpec, run_dir: Path, model_dir: Path | None = None) -> dict:
+    """Train and measure one run; the JSON-ready result. `model_dir`: where to save the trained model (weights,
+    config and adapters, `save_pretrained`) once every measurement is taken, so that the record is the one a run
+    without it writes (bench/loop_depth.py scores the model at other depths); None: the weights are not kept."""
     if problem := missing_device(settings):
         raise RuntimeError(problem)
     if settings.num_threads is not None:
@@ -340,6 +342,8 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path) -> dict:
             result.update(hop_accuracy(model, blocks))
     if trainer.tying_records:
         plot_tying_history(trainer.tying_records, run_dir / "tying_map.png", final_step=trainer.state.global_step)
+    if model_dir is not None:
+        model.save_pretrained(model_dir)
     return result
 
 
