@@ -167,7 +167,7 @@ def _tying_settings(settings: CompressSettings, row: Row) -> dict:
         lora_rank=row.lora_rank,
         lora_init=row.lora_init,
     )
-    reads = DECISIONS[row.strategy.partition(":")[0]].settings
+    reads = DECISIONS[row.strategy.partition(":")[0]].setting_defaults()
     return {name: value for name, value in tying.items() if name == "tying_strategy" or (name in reads and value is not None)}
 
 

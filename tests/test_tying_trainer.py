@@ -416,7 +416,7 @@ def test_an_unstamped_tying_state_resumes_as_the_uninterrupted_run_and_pre_relea
 
 def test_a_strategy_decides_from_what_it_observes_and_returns_the_decision_on_the_main_process():
     args = tying_args("unused", tying_strategy="similarity:2")
-    strategy = SimilarityDecisions(args, num_blocks=4)
+    strategy = SimilarityDecisions(SimilarityDecisions.settings_from(args), num_blocks=4)
 
     def observation(is_main_process):
         def unavailable(*_):

@@ -1,7 +1,7 @@
 """Tying strategies, each one class deciding from what it observes (`TyingDecisions`), chosen by `tying_strategy`."""
 
 from .agent import AgentDecisions, RandomDecisions
-from .base import Decision, Observation, TyingDecisions, split_strategy
+from .base import Decision, Observation, StrategySettings, TyingDecisions, split_strategy
 from .fixed import SimilarityDecisions, StaticDecisions
 
 # Every strategy by the word that selects it in `tying_strategy` ("dlt", "static:cycle:4", ...).
@@ -17,6 +17,7 @@ __all__ = [
     "RandomDecisions",
     "SimilarityDecisions",
     "StaticDecisions",
+    "StrategySettings",
     "TyingDecisions",
     "split_strategy",
 ]

@@ -7,6 +7,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,26 +17,59 @@ from ..dlt import AgentConfig, Outcome, TyingController, TyingReward, make_agent
 from ..models.configuration_tying import TIE_INITS
 from ..models.tying_map import TyingMap
 from ..models.tying_strategies import check_static_spec, resolve_tying_map
-from .base import Decision, Observation, TyingDecisions
+from .base import Decision, Observation, StrategySettings, TyingDecisions
 
 logger = logging.getLogger(__name__)
 
 REWARD_SOURCES = ("train", "held_out")
 UNTIE_INITS = ("source", "own")
-# The settings only a learning agent reads (`AgentConfig`'s values for each variant); `random` refuses them.
-LEARNING_SETTINGS = (
-    "q_gamma",
-    "epsilon_start",
-    "epsilon_min",
-    "epsilon_decay",
-    "exploration_fraction",
-    "q_forgetting",
-    "q_ridge",
-    "q_hidden_size",
-    "q_learning_rate",
-    "q_weight_decay",
-    "commit_after_exploration",
-)
+
+
+@dataclass(frozen=True)
+class RandomSettings(StrategySettings):
+    """What `random` reads: `dlt`'s schedule, options, cap and reward, none of its learning (see
+    `TyingTrainingArguments` for each setting)."""
+
+    # The paper's k. The embedded default run uses 4 (hf_layertie/language_modeling/defaults/clm_default.json)
+    # and the study 2 (bench/settings.py): their runs are short, and k sets how many decisions a run has.
+    tying_interval: int = 15
+    tying_initial_map: str | None = None
+    max_distinct_blocks: int | None = None
+    dlt_variant: str = "default"
+    reward_source: str = "train"
+    reward_kind: str | None = None  # the variant's
+    reward_block_cost: float = 0.0
+    reward_batch_size: int | None = None  # 16 with reward_source="held_out"
+    agent_seed: int | None = None  # the run's --seed
+    tie_init: str = "root"
+    untie_init: str = "source"
+
+    @property
+    def commits(self) -> bool:
+        """Whether deciding stops once exploration ends (`commit_after_exploration`: a learning agent's only)."""
+        return False
+
+
+@dataclass(frozen=True)
+class DltSettings(RandomSettings):
+    """What `dlt` reads: `random`'s settings and the learning agent's (`AgentConfig`'s values for each variant, unset
+    taking the variant's), which `random` refuses."""
+
+    q_gamma: float | None = None
+    epsilon_start: float | None = None
+    epsilon_min: float | None = None
+    epsilon_decay: float | None = None
+    exploration_fraction: float | None = None
+    q_forgetting: float | None = None
+    q_ridge: float | None = None
+    q_hidden_size: int | None = None
+    q_learning_rate: float | None = None
+    q_weight_decay: float | None = None
+    commit_after_exploration: bool = False
+
+    @property
+    def commits(self) -> bool:
+        return self.commit_after_exploration
 
 
 class AgentDecisions(TyingDecisions):
@@ -53,23 +87,7 @@ class AgentDecisions(TyingDecisions):
     state_keys = ("window_loss_sums", "planned_decisions")
     needs_tied_model = True
     changes_map = True
-    settings = {
-        # The paper's k. The embedded default run uses 4 (hf_layertie/language_modeling/defaults/clm_default.json)
-        # and the study 2 (bench/settings.py): their runs are short, and k sets how many decisions a run has.
-        "tying_interval": 15,
-        "tying_initial_map": None,
-        "max_distinct_blocks": None,
-        "dlt_variant": "default",
-        **dict.fromkeys(LEARNING_SETTINGS),
-        "commit_after_exploration": False,
-        "reward_source": "train",
-        "reward_kind": None,  # the variant's
-        "reward_block_cost": 0.0,
-        "reward_batch_size": None,  # 16 with reward_source="held_out"
-        "agent_seed": None,  # the run's --seed
-        "tie_init": "root",
-        "untie_init": "source",
-    }
+    Settings = DltSettings
 
     @classmethod
     def resolved_settings(cls, args) -> dict[str, Any]:
@@ -103,33 +121,33 @@ class AgentDecisions(TyingDecisions):
             )
         return values
 
-    def __init__(self, args, num_blocks: int):
-        super().__init__(args, num_blocks)
+    def __init__(self, settings: RandomSettings, num_blocks: int):
+        super().__init__(settings, num_blocks)
         if num_blocks < 2:
             raise ValueError(
-                f"tying_strategy={args.tying_strategy!r} decides, for each block after the first, which earlier block's "
+                f"tying_strategy={settings.tying_strategy!r} decides, for each block after the first, which earlier block's "
                 f"weights it uses; the model has {num_blocks} block: train it with tying_strategy='none'"
             )
         self.initial_map = self._initial_map(num_blocks)
-        values = {name: getattr(args, name) for name in self.settings}
+        values = dataclasses.asdict(settings)
         agent = make_agent(num_blocks, _agent_config(values), random_actions=self.mode == "random")
         self.controller = TyingController(agent, _tying_reward(values))
-        self.interval = args.tying_interval
+        self.interval = settings.tying_interval
         self._window_loss_sum: torch.Tensor | float = 0.0
         self._commit_step: int | None = None  # commit_after_exploration: no decision from this step on
         # Decisions the exploration schedule spans: those of the run's max_steps when it started, kept on resume.
         self._planned: int | None = None
 
     def _initial_map(self, num_blocks: int) -> TyingMap:
-        text = self.args.tying_initial_map or "all"
+        text = self.settings.tying_initial_map or "all"
         try:
             start = resolve_tying_map(text, num_blocks)
         except ValueError as error:
             raise ValueError(f"tying_initial_map={text!r} does not fit the model: {error}") from None
-        cap = self.args.max_distinct_blocks
+        cap = self.settings.max_distinct_blocks
         if cap is not None and start.num_distinct > cap:
             raise ValueError(
-                f"tying_initial_map={self.args.tying_initial_map!r} has {start.num_distinct} blocks owning weights, "
+                f"tying_initial_map={self.settings.tying_initial_map!r} has {start.num_distinct} blocks owning weights, "
                 f"more than max_distinct_blocks={cap}"
             )
         return start
@@ -141,7 +159,7 @@ class AgentDecisions(TyingDecisions):
             step=observation.step,
             map_before=observation.tying_map,
             map_after=self.initial_map,
-            tie_init=self.args.tie_init,
+            tie_init=self.settings.tie_init,
         )
 
     def check_run(self, max_steps: int) -> None:
@@ -154,18 +172,18 @@ class AgentDecisions(TyingDecisions):
             self._planned = planned
         elif planned != self._planned:
             logger.warning(
-                f"tying_strategy={self.args.tying_strategy!r}: the checkpoint's exploration schedule spans "
+                f"tying_strategy={self.settings.tying_strategy!r}: the checkpoint's exploration schedule spans "
                 f"{self._planned} decisions (the max_steps it was started with), where this run's max_steps={max_steps} "
                 f"gives {planned}: the schedule is kept, so exploration goes on as it would have, and the decisions "
                 f"after it take the schedule's end"
             )
         if planned < deciding:
             logger.warning(
-                f"tying_strategy={self.args.tying_strategy!r}: {planned} decision(s) in {max_steps} steps at "
+                f"tying_strategy={self.settings.tying_strategy!r}: {planned} decision(s) in {max_steps} steps at "
                 f"tying_interval={self.interval}, fewer than the {deciding} blocks that take turns to decide: some "
                 "never decide"
             )
-        if self.args.commit_after_exploration:
+        if self.settings.commits:
             exploring = math.ceil(self.controller.agent.config.exploration_fraction * self._planned)
             self._commit_step = exploring * self.interval
 
@@ -179,7 +197,7 @@ class AgentDecisions(TyingDecisions):
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         """Add a training loss to the window without synchronising the device."""
-        if self.args.reward_source == "train":
+        if self.settings.reward_source == "train":
             self._window_loss_sum = self._window_loss_sum + loss.detach()
 
     def decide(self, observation: Observation) -> Decision | None:
@@ -201,7 +219,7 @@ class AgentDecisions(TyingDecisions):
             source=proposal.source,
             explored=proposal.explored,
             epsilon=proposal.epsilon,
-            untie_to_start=self.args.untie_init == "own",
+            untie_to_start=self.settings.untie_init == "own",
             awaits_outcome=True,
             previous_outcome=outcome,
             seconds={"reward": measured - started, "decision": time.perf_counter() - measured},
@@ -220,7 +238,7 @@ class AgentDecisions(TyingDecisions):
         pending = observation.current
         if pending is None or pending.completed:
             return None
-        if self.args.reward_source == "held_out":  # only the main process's agent reads it
+        if self.settings.reward_source == "held_out":  # only the main process's agent reads it
             return observation.held_out_loss() if observation.is_main_process else None
         window_sum, self._window_loss_sum = float(self._window_loss_sum), 0.0
         window_sum = observation.mean_over_processes(window_sum)
@@ -253,11 +271,12 @@ class RandomDecisions(AgentDecisions):
     """`random`: `dlt`'s schedule, options and cap with uniformly random actions (the ablation of learning)."""
 
     mode = "random"
-    settings = {name: default for name, default in AgentDecisions.settings.items() if name not in LEARNING_SETTINGS}
+    Settings = RandomSettings
 
 
 def _agent_config(values: Mapping[str, Any]) -> AgentConfig:
-    """The agent's settings among a strategy's `values`, under their own names (`random` reads no learning setting)."""
+    """The agent's settings among a strategy's `values`, under their own names (`random` reads no learning setting:
+    None, the variant's)."""
     return AgentConfig(**{item.name: values.get(item.name) for item in dataclasses.fields(AgentConfig)})
 
 

@@ -146,6 +146,26 @@ class Observation:
     gather: Callable[[float], list[float]]
 
 
+@dataclass(frozen=True)
+class StrategySettings:
+    """The settings a strategy reads, resolved and checked: all it receives of the run's arguments.
+
+    Each strategy's subclass adds a field per `TyingTrainingArguments` setting it reads, with the value it takes when
+    left unset (`None`: stays unset, or is resolved from another setting by `resolved_settings`). The flat flags of
+    `TyingTrainingArguments` stay what `HfArgumentParser` parses; this is the strategy's typed view of them.
+
+    Attributes:
+        tying_strategy: the spec that chose the strategy (`"similarity:4"`), for its argument and its messages.
+    """
+
+    tying_strategy: str = "none"
+
+    @property
+    def argument(self) -> str:
+        """What follows `mode:` in `tying_strategy` (`"4"` for `similarity:4`), "" for none."""
+        return split_strategy(self.tying_strategy)[1]
+
+
 class TyingDecisions:
     """Base of every strategy: no decision ever (conventional training, `tying_strategy="none"`).
 
@@ -153,9 +173,10 @@ class TyingDecisions:
         mode: the `tying_strategy` word that selects the class ("dlt", "static", ...).
         argument: what follows `mode:` in `tying_strategy` (`"U"` for `similarity:U`), None for a strategy that
             takes none.
-        settings: the `TyingTrainingArguments` fields the strategy reads, each with the value it takes when left
-            unset (`None`: stays unset). `TyingTrainingArguments` refuses every other tying setting, fills these
-            defaults, and a resumed run must repeat them.
+        Settings: the strategy's settings (a frozen `StrategySettings` subclass): the `TyingTrainingArguments`
+            fields it reads, each with the value it takes when left unset (`setting_defaults`).
+            `TyingTrainingArguments` refuses every other tying setting, fills these defaults, and a resumed run must
+            repeat them. The strategy receives an instance (`settings_from`) as `self.settings`, not the arguments.
         state_keys: the keys `state_dict` always writes and `load_state_dict` needs (a checkpoint's tying state is
             refused as a pre-release layout without them: `checkpoint_format.migrate_tying_state`).
         needs_tied_model: whether the model must be a `TiedBlocksMixin` model.
@@ -164,7 +185,7 @@ class TyingDecisions:
 
     mode: ClassVar[str] = "none"
     argument: ClassVar[str | None] = None
-    settings: ClassVar[dict[str, Any]] = {}
+    Settings: ClassVar[type[StrategySettings]] = StrategySettings
     state_keys: ClassVar[tuple[str, ...]] = ()
     needs_tied_model: ClassVar[bool] = False
     changes_map: ClassVar[bool] = False
@@ -174,16 +195,34 @@ class TyingDecisions:
         """How `tying_strategy` selects the strategy: `dlt`, `similarity:U`, ..."""
         return cls.mode if cls.argument is None else f"{cls.mode}:{cls.argument}"
 
-    def __init__(self, args, num_blocks: int):
-        self.args = args
+    def __init__(self, settings: StrategySettings, num_blocks: int):
+        if not isinstance(settings, self.Settings):
+            raise TypeError(f"{type(self).__name__} takes its {self.Settings.__name__} (see settings_from), got {type(settings).__name__}")
+        self.settings = settings
         self.num_blocks = num_blocks
 
     @classmethod
+    def setting_defaults(cls) -> dict[str, Any]:
+        """The `TyingTrainingArguments` fields the strategy reads, each with the value it takes when left unset."""
+        return {item.name: item.default for item in dataclasses.fields(cls.Settings) if item.name != "tying_strategy"}
+
+    @classmethod
     def resolved_settings(cls, args) -> dict[str, Any]:
-        """The value of every setting the strategy reads, checked: `args`' own, else its default (from `settings`,
+        """The value of every setting the strategy reads, checked: `args`' own, else its default (from `Settings`,
         or from other settings, e.g. `agent_seed` from `seed`). `args` are read, never written:
         `TyingTrainingArguments` takes these values once it has refused the settings the strategy does not read."""
-        return {name: default if getattr(args, name) is None else getattr(args, name) for name, default in cls.settings.items()}
+        return {name: default if getattr(args, name) is None else getattr(args, name) for name, default in cls.setting_defaults().items()}
+
+    @property
+    def lora_rank(self) -> int | None:
+        """The rank of the relaxed ties' adapters the strategy's map is given (fixed maps only), None for none."""
+        return None
+
+    @classmethod
+    def settings_from(cls, args) -> StrategySettings:
+        """The strategy's settings as `args` (a `TyingTrainingArguments`, whose strategy settings are resolved when
+        it is built) hold them."""
+        return cls.Settings(tying_strategy=args.tying_strategy, **{name: getattr(args, name) for name in cls.setting_defaults()})
 
     def start(self, observation: Observation) -> Decision | None:
         """The map training starts from, if the strategy has one (on every process: the same everywhere)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..block_similarity import similarity_tying_map
@@ -11,14 +12,31 @@ from ..models.configuration_tying import TIE_INITS
 from ..models.tying_map import TyingMap
 from ..models.tying_strategies import check_static_spec, positive_integer, resolve_tying_map
 from ..relaxed_ties import check_lora_settings
-from .base import Decision, Observation, TyingDecisions, split_strategy
+from .base import Decision, Observation, StrategySettings, TyingDecisions, split_strategy
+
+
+@dataclass(frozen=True)
+class StaticSettings(StrategySettings):
+    """What `static` reads: how a group of tied blocks starts and the relaxed ties' adapters (see
+    `TyingTrainingArguments`)."""
+
+    tie_init: str = "root"
+    lora_rank: int | None = None
+    lora_init: str | None = None  # "svd" with lora_rank
+
+
+@dataclass(frozen=True)
+class SimilaritySettings(StaticSettings):
+    """What `similarity` reads: `static`'s settings and the steps before the blocks are compared."""
+
+    similarity_warmup_steps: int = 0
 
 
 class _OneDecision(TyingDecisions):
     """A strategy whose one decision is the run's single row."""
 
     needs_tied_model = True
-    settings = {"tie_init": "root", "lora_rank": None, "lora_init": None}
+    Settings = StaticSettings
 
     @classmethod
     def resolved_settings(cls, args) -> dict[str, Any]:
@@ -31,17 +49,21 @@ class _OneDecision(TyingDecisions):
 
     def _decision(self, observation: Observation, tying_map: TyingMap, **fields) -> Decision:
         """The one decision: `tying_map` from the current step, its groups started by `tie_init`, relaxed by `lora_rank`."""
-        args = self.args
+        settings = self.settings
         return Decision(
             index=0,
             step=observation.step,
             map_before=observation.tying_map,
             map_after=tying_map,
-            tie_init=args.tie_init,
-            lora_rank=args.lora_rank,
-            lora_init=args.lora_init,
+            tie_init=settings.tie_init,
+            lora_rank=settings.lora_rank,
+            lora_init=settings.lora_init,
             **fields,
         )
+
+    @property
+    def lora_rank(self) -> int | None:
+        return self.settings.lora_rank
 
 
 class StaticDecisions(_OneDecision):
@@ -62,12 +84,12 @@ class StaticDecisions(_OneDecision):
             raise ValueError(f"tying_strategy={args.tying_strategy!r}: {error}") from None
         return values
 
-    def __init__(self, args, num_blocks: int):
-        super().__init__(args, num_blocks)
+    def __init__(self, settings: StaticSettings, num_blocks: int):
+        super().__init__(settings, num_blocks)
         try:
-            self.tying_map = resolve_tying_map(split_strategy(args.tying_strategy)[1], num_blocks)
+            self.tying_map = resolve_tying_map(settings.argument, num_blocks)
         except ValueError as error:
-            raise ValueError(f"tying_strategy={args.tying_strategy!r} does not fit the model: {error}") from None
+            raise ValueError(f"tying_strategy={settings.tying_strategy!r} does not fit the model: {error}") from None
 
     @property
     def num_distinct(self) -> int:
@@ -87,7 +109,7 @@ class SimilarityDecisions(_OneDecision):
 
     mode = "similarity"
     argument = "U"
-    settings = {**_OneDecision.settings, "similarity_warmup_steps": 0}
+    Settings = SimilaritySettings
     changes_map = True
 
     @classmethod
@@ -104,17 +126,17 @@ class SimilarityDecisions(_OneDecision):
             _check_warmup_ends(values["similarity_warmup_steps"], args.max_steps)
         return values
 
-    def __init__(self, args, num_blocks: int):
-        super().__init__(args, num_blocks)
-        self.num_distinct = int(split_strategy(args.tying_strategy)[1])
+    def __init__(self, settings: SimilaritySettings, num_blocks: int):
+        super().__init__(settings, num_blocks)
+        self.num_distinct = int(settings.argument)
         if self.num_distinct > num_blocks:
-            raise ValueError(f"tying_strategy={args.tying_strategy!r} asks for more distinct blocks than the model's {num_blocks}")
+            raise ValueError(f"tying_strategy={settings.tying_strategy!r} asks for more distinct blocks than the model's {num_blocks}")
 
     def check_run(self, max_steps: int) -> None:
-        _check_warmup_ends(self.args.similarity_warmup_steps, max_steps)
+        _check_warmup_ends(self.settings.similarity_warmup_steps, max_steps)
 
     def is_due(self, step: int, current: Decision | None) -> bool:
-        return step >= self.args.similarity_warmup_steps and current is None
+        return step >= self.settings.similarity_warmup_steps and current is None
 
     def decide(self, observation: Observation) -> Decision | None:
         if not observation.is_main_process:

@@ -134,7 +134,7 @@ def migrate_tying_state(state: dict, path: str) -> dict:
             f"{path} holds a tying state of a pre-release layout (without {', '.join(missing)}), which this version "
             f"does not resume: train into a new output_dir, or resume with the version that saved it"
         )
-    defaults = {**(decisions.settings if decisions is not None else {}), **dict.fromkeys((*DISTILLATION_SETTINGS, *LOOP_SETTINGS))}
+    defaults = {**(decisions.setting_defaults() if decisions is not None else {}), **dict.fromkeys((*DISTILLATION_SETTINGS, *LOOP_SETTINGS))}
     return {**state, "settings": {**defaults, **state["settings"]}, "format_version": TYING_STATE_FORMAT_VERSION}
 
 

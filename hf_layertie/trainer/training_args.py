@@ -67,8 +67,8 @@ def strategy_help(description: str, readers: list[str], default: str | None) -> 
 def setting_readers(name: str) -> tuple[list[str], str | None]:
     """The strategies that read tying setting `name` (`DECISIONS`' `settings`), and the default they give it (its
     repr; None where they give none, or differ)."""
-    readers = [mode for mode, decisions in DECISIONS.items() if name in decisions.settings]
-    defaults = {repr(DECISIONS[mode].settings[name]) for mode in readers} - {"None"}
+    readers = [mode for mode, decisions in DECISIONS.items() if name in decisions.setting_defaults()]
+    defaults = {repr(DECISIONS[mode].setting_defaults()[name]) for mode in readers} - {"None"}
     return readers, (defaults.pop() if len(defaults) == 1 else None)
 
 
@@ -279,7 +279,7 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         decisions = DECISIONS.get(split_strategy(tying_strategy)[0])
         if decisions is None:
             return []
-        return [name for name in cls.strategy_settings() if name not in decisions.settings]
+        return [name for name in cls.strategy_settings() if name not in decisions.setting_defaults()]
 
     @property
     def tying_mode(self) -> str:
@@ -291,11 +291,15 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         """The strategy class (`hf_layertie.decisions`) that owns this run's tying decisions."""
         return DECISIONS[self.tying_mode]
 
+    def tying_decisions(self, num_blocks: int) -> TyingDecisions:
+        """The strategy for a model of `num_blocks` blocks, given its settings alone (`TyingDecisions.settings_from`)."""
+        return self.decisions_class(self.decisions_class.settings_from(self), num_blocks)
+
     def resume_settings(self) -> dict[str, object]:
         """The settings a run resumed from a checkpoint must share with the run that saved it, by name: the strategy
         and every setting it reads. A resumed run continues the saved map and agent, so another strategy, schedule,
         cap, agent or reward would silently not be the one that ran (and the model card reports them)."""
-        names = ["tying_strategy", *self.decisions_class.settings, *LOOP_SETTINGS]
+        names = ["tying_strategy", *self.decisions_class.setting_defaults(), *LOOP_SETTINGS]
         return {**{name: getattr(self, name) for name in names}, **self.distillation_settings()}
 
     def saved_settings(self) -> dict[str, object]:
@@ -348,7 +352,8 @@ class TyingTrainingArguments(AgentSettings, TrainingArguments):
         decisions = self.decisions_class
         ignored = [name for name in self.settings_unread_by(self.tying_strategy) if getattr(self, name) is not None]
         if ignored:
-            reads = f"it reads {', '.join(decisions.settings)}" if decisions.settings else "it reads no other tying setting"
+            read = decisions.setting_defaults()
+            reads = f"it reads {', '.join(read)}" if read else "it reads no other tying setting"
             raise ValueError(
                 f"tying_strategy={self.tying_strategy!r} does not read {', '.join(ignored)}: leave "
                 f"{'it' if len(ignored) == 1 else 'them'} unset ({reads})"

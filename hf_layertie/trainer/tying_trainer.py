@@ -124,9 +124,9 @@ class TyingTrainer(Trainer):
             check_model_can_tie(self.model, args.tying_strategy)
         self._card = RunCard(model_card_kwargs, args.tying_plot and decisions_class.needs_tied_model)
         refuse_trainer_settings_that_cannot_follow_reties(args)
-        decisions = decisions_class(args, len(self.model.tied_blocks) if isinstance(self.model, TiedBlocksMixin) else 0)
-        if args.lora_rank is not None:  # static and similarity: before the map is applied (similarity's after a warm-up)
-            check_lora_rank(self.model, args.lora_rank, decisions.num_distinct)
+        decisions = args.tying_decisions(len(self.model.tied_blocks) if isinstance(self.model, TiedBlocksMixin) else 0)
+        if decisions.lora_rank is not None:  # static and similarity: before the map is applied (similarity's after a warm-up)
+            check_lora_rank(self.model, decisions.lora_rank, decisions.num_distinct)
         held_out = args.reward_source == "held_out"
         self._held_out_reward = HeldOutReward.of_trainer(self, reward_dataset) if held_out else None
         self.engine = TyingEngine(
@@ -337,7 +337,7 @@ class TyingTrainer(Trainer):
             self.engine.load_state_dict(state["decisions"])
             # The history on disk restarts from the checkpoint, as the run does.
             self.history.flush(self.args.should_save)
-        if not self.engine.load_relaxed_checkpoint(resume_from_checkpoint, self.args.lora_rank):
+        if not self.engine.load_relaxed_checkpoint(resume_from_checkpoint, self.decisions.lora_rank):
             super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def _load_best_model(self) -> None:
