@@ -122,7 +122,14 @@ def retie_sharded(
     _all_arrive("retie_sharded", arrival_timeout)
     new_map = _agreed_map(model, optimizer, new_map, sharding)
     weights = get_model_state_dict(model, options=_FULL)
-    optimizer_state = get_optimizer_state_dict(model, optimizer, options=_FULL) if optimizer is not None else None
+    optimizer_state = None
+    if optimizer is not None and optimizer.state:
+        optimizer_state = get_optimizer_state_dict(model, optimizer, options=_FULL)
+    elif optimizer is not None:
+        # No state yet (before the first step): torch's state dicts would create it by a step of zero gradients,
+        # which Adam counts (its bias correction then differs from one process's). Only the groups are carried.
+        names = {id(parameter): name for name, parameter in model.named_parameters()}
+        optimizer_state = {"state": {}, "param_groups": [{"params": [names[id(each)] for each in group["params"]]} for group in optimizer.param_groups]}  # fmt: skip
 
     replica = _unsharded_replica(model, sharding["class"], weights)
     old_names = {id(parameter): name for name, parameter in replica.named_parameters()}
@@ -136,6 +143,37 @@ def retie_sharded(
     if optimizer is not None:
         _load_carried_optimizer_state(sharded, optimizer, optimizer_state, carried_from)
     return sharded
+
+
+class ShardedRetie:
+    """The re-tie policy of a `TyingEngine` driving a model sharded by `shard_tied_model`: each decision's map is
+    applied by `retie_sharded` (`TyingEngine(..., retie=ShardedRetie())`).
+
+    `retie_sharded` returns a new model: the engine makes it its `model`, so a loop reads `engine.model` after every
+    decision (`model = engine.model` after `decide_if_due`); the optimizer object is kept, its state carried over.
+    What `retie_sharded` does not do is refused, naming the setting (`check`): relaxed ties (`lora_rank`), a
+    `tie_init` other than "root", and `untie_init="own"`.
+    """
+
+    # The settings a sharded re-tie serves at these values only (None: unset), and why.
+    SERVED = {
+        "lora_rank": (None, "relaxed ties add PEFT adapters, which shard_tied_model does not shard"),
+        "tie_init": ("root", "retie_sharded starts each group from its root's weights"),
+        "untie_init": ("source", "retie_sharded starts an untied block from its source's weights"),
+    }
+
+    def check(self, settings: dict) -> None:
+        """Refuse (ValueError, naming it) a strategy setting among `settings` that a sharded re-tie cannot serve."""
+        for name, (served, why) in self.SERVED.items():
+            if settings.get(name, served) != served:
+                raise ValueError(
+                    f"{name}={settings[name]!r} cannot re-tie a model sharded with FSDP2 ({why}): leave {name} at "
+                    f"{served!r}, or train with DDP"
+                )
+
+    def __call__(self, model: TiedBlocksMixin, optimizer: torch.optim.Optimizer | None, new_map: TyingMap) -> TiedBlocksMixin:
+        """Re-tie `model` to `new_map` with `retie_sharded`, carrying `optimizer` along; returns the model to use."""
+        return retie_sharded(model, optimizer, new_map)
 
 
 def gather_tied_model(model: TiedBlocksMixin, arrival_timeout: timedelta = ARRIVAL_TIMEOUT) -> TiedBlocksMixin:
@@ -288,6 +326,8 @@ def _load_carried_optimizer_state(model, optimizer, full_state: dict, carried_fr
         groups[group_of[carried_from[name]]].append(name)
     for group, names in zip(optimizer.param_groups, groups):
         group["params"] = [parameters[name] for name in names]
+    if not full_state["state"]:  # before the first step: nothing to carry, and none to create
+        return
     optimizer.state.clear()
     state = {
         # A copy per name: an untied block and its source continue the same state, and must not share its tensors.

@@ -18,10 +18,10 @@ LOSS_TOLERANCE = 1e-5
 WEIGHT_TOLERANCE = 1e-5
 
 
-def run_on_two_ranks(script: str, output_dir: Path, timeout: float) -> list[dict]:
-    """Run tests/scripts/`script` under torchrun on 2 gloo processes and load what each rank saved. A run past
-    `timeout` (blocked ranks) fails the test; SIGTERM makes torchrun end its workers, which run in sessions of their
-    own that killing torchrun alone would leave behind."""
+def run_on_two_ranks(script: str | Path, output_dir: Path, timeout: float) -> list[dict]:
+    """Run tests/scripts/`script` (or the script at an absolute path) under torchrun on 2 gloo processes and load what
+    each rank saved. A run past `timeout` (blocked ranks) fails the test; SIGTERM makes torchrun end its workers, which
+    run in sessions of their own that killing torchrun alone would leave behind."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     # `--standalone`: a free port of its own, as another pytest worker may be launching processes too.
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(REPO / "tests" / "scripts" / script), str(output_dir)]  # fmt: skip
@@ -200,3 +200,44 @@ def test_tying_trainer_refuses_fsdp_naming_what_works(tmp_path):
     args = TyingTrainingArguments(output_dir=str(tmp_path), fsdp=True, use_cpu=True, report_to=[])
     with pytest.raises(ValueError, match=r"TyingTrainer does not train tied models under FSDP.*accelerate launch --multi_gpu.*shard_tied_model"):
         TyingTrainer(model=GPT2.tied_model([0, 0, 2, 2]).train(), args=args)
+
+
+@pytest.mark.slow
+def test_the_fsdp2_loop_example_re_ties_through_the_engine_as_one_process(tmp_path):
+    """docs/examples/dlt_fsdp2_loop.py: DLT driven by `TyingEngine` over a sharded model (`ShardedRetie`) on two
+    processes ends with the map and the weights of the same loop on one process, unsharded."""
+    script = REPO / "docs" / "examples" / "dlt_fsdp2_loop.py"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    (tmp_path / "two").mkdir()
+    (tmp_path / "one").mkdir()
+    sharded = run_on_two_ranks(script, tmp_path / "two", timeout=300)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "one")], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    one = torch.load(tmp_path / "one" / "rank0.pt")
+    for rank in sharded:
+        assert rank["maps"] == one["maps"] and rank["decisions"] == one["decisions"]
+        assert rank["weights"].keys() == one["weights"].keys()
+        assert max(float((rank["weights"][name] - tensor).abs().max()) for name, tensor in one["weights"].items()) < WEIGHT_TOLERANCE  # fmt: skip
+    assert len({str(each) for each in one["maps"][1:]}) > 1, one["maps"]  # a decision changed the map mid-run
+
+
+@pytest.mark.parametrize(
+    "settings, refused",
+    [
+        ({"tying_strategy": "static:0,0,2,2", "lora_rank": 2, "lora_init": "zero"}, "lora_rank=2"),
+        ({"tying_strategy": "static:0,0,2,2", "tie_init": "mean"}, "tie_init='mean'"),
+        ({"tying_strategy": "dlt", "untie_init": "own"}, "untie_init='own'"),
+    ],
+)
+def test_an_engine_re_tying_a_sharded_model_refuses_what_retie_sharded_cannot_do(tmp_path, settings, refused):
+    from hf_layertie.engine import Processes, TyingEngine
+    from hf_layertie.sharding import ShardedRetie
+
+    args = TyingTrainingArguments(output_dir=str(tmp_path), max_steps=4, report_to=[], **settings)
+    model = GPT2.tied_model([0, 1, 2, 3])
+    with pytest.raises(ValueError, match=rf"^{re.escape(refused)} cannot re-tie a model sharded with FSDP2 \("):
+        TyingEngine(
+            model, args.decisions_class(args, 4), Processes(), output_dir=str(tmp_path), optimizer=lambda: None,
+            refresh_wrapper=lambda: None, held_out_loss=lambda: float("nan"), prepare_inputs=lambda batch: batch,
+            steps=lambda: (0, 4), log=print, retie=ShardedRetie(),
+        )  # fmt: skip

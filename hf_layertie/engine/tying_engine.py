@@ -58,6 +58,11 @@ class TyingEngine:
         log: receives each decision's numbers (`tying/...`) when its outcome is known, and the map in force.
         keep_starting_weights: keep a CPU copy of each block's weights now, which an agent's decision that unties a
             block restores (`untie_init="own"`).
+        retie: how the model is re-tied: None (the default) re-ties it in place (`model.retie`) and syncs the
+            optimizer; else a policy, `retie(model, optimizer, new_map)`, that re-ties and carries the optimizer itself
+            and returns the model to use from then on (`hf_layertie.sharding.ShardedRetie` under FSDP2): the engine
+            makes it its `model`, so a loop reads `engine.model` after each decision. A policy's `check(settings)`, if
+            it has one, refuses the strategy's settings it cannot serve (a ValueError, here and at each decision).
 
     Attributes:
         decisions: the strategy.
@@ -80,8 +85,12 @@ class TyingEngine:
         steps: Callable[[], tuple[int, int]],
         log: Callable[[dict], None],
         keep_starting_weights: bool = False,
+        retie: Callable[[torch.nn.Module, torch.optim.Optimizer | None, TyingMap], torch.nn.Module] | None = None,
     ):
         self.model = model
+        self._retie = retie
+        if retie is not None and hasattr(retie, "check"):
+            retie.check(decisions.resolved_settings(decisions.args))
         self.decisions = decisions
         self.processes = processes
         self.history = TyingHistory(output_dir)
@@ -175,7 +184,14 @@ class TyingEngine:
 
         `tie_init` as in `retie`; with `untie_to_start`, the block an agent's decision unties takes back its weights
         from when training started, with fresh optimizer state (`untie_init="own"`); `lora_rank` relaxes the new ties
-        (`relax_ties`), whose adapters join the param group of the weights they adapt."""
+        (`relax_ties`), whose adapters join the param group of the weights they adapt. A re-tie policy (`retie`)
+        applies the map alone."""
+        if self._retie is not None:
+            untie_init = "own" if decision.untie_to_start else "source"
+            if hasattr(self._retie, "check"):
+                self._retie.check({"tie_init": decision.tie_init, "lora_rank": decision.lora_rank, "untie_init": untie_init})
+            self._retie_by_policy(decision.map_after)
+            return self.model.parameter_counts()
         lora_rank, lora_init = decision.lora_rank, decision.lora_init
         untied_weights = self._starting_weights if decision.untie_to_start else None
         weights_before = self.block_weights() if lora_init == "svd" else None
@@ -236,11 +252,24 @@ class TyingEngine:
     def retie_to(self, tying_map: TyingMap) -> None:
         """Re-tie the model to `tying_map` (a checkpoint's), bringing along an optimizer that exists already (one
         passed in, or the Trainer's when the best model is loaded at the end) and the wrapper. Collective."""
+        if self._retie is not None:
+            self._retie_by_policy(tying_map)
+            return
         report = self.model.retie(tying_map)
         optimizer = self._optimizer()
         if report.changed and optimizer is not None:
             sync_optimizer_with_model(optimizer, self.model, report)
         if report.changed:
+            self._refresh_wrapper()
+
+    def _retie_by_policy(self, tying_map: TyingMap) -> None:
+        """Re-tie through the policy given at construction, which brings the optimizer along and returns the model
+        the engine holds from now on (unchanged map: nothing to do, on every process alike)."""
+        if TyingMap(tying_map) == self.model.tying_map:
+            return
+        with self.timed("retie"):
+            self.model = self._retie(self.model, self._optimizer(), TyingMap(tying_map))
+        with self.timed("ddp_rebuild"):
             self._refresh_wrapper()
 
     # ----- state -----
