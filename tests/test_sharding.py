@@ -237,7 +237,7 @@ def test_an_engine_re_tying_a_sharded_model_refuses_what_retie_sharded_cannot_do
     model = GPT2.tied_model([0, 1, 2, 3])
     with pytest.raises(ValueError, match=rf"^{re.escape(refused)} cannot re-tie a model sharded with FSDP2 \("):
         TyingEngine(
-            model, args.decisions_class(args, 4), Processes(), output_dir=str(tmp_path), optimizer=lambda: None,
+            model, args.tying_decisions(4), Processes(), output_dir=str(tmp_path), optimizer=lambda: None,
             refresh_wrapper=lambda: None, held_out_loss=lambda: float("nan"), prepare_inputs=lambda batch: batch,
             steps=lambda: (0, 4), log=print, retie=ShardedRetie(),
         )  # fmt: skip

@@ -38,7 +38,7 @@ max_steps, step = 12, 0
 # The strategy and its settings, as the Trainer's flags give them (output_dir: where tying_history.jsonl goes).
 args = TyingTrainingArguments(output_dir=output_dir, tying_strategy="dlt", tying_interval=2, max_distinct_blocks=3, max_steps=max_steps)  # fmt: skip
 engine = TyingEngine(
-    model, args.decisions_class(args, len(model.tied_blocks)), DistributedProcesses() if sharded else Processes(),
+    model, args.tying_decisions(len(model.tied_blocks)), DistributedProcesses() if sharded else Processes(),
     output_dir=args.output_dir, optimizer=lambda: optimizer, refresh_wrapper=lambda: None,
     held_out_loss=lambda: float("nan"), prepare_inputs=lambda batch: batch, steps=lambda: (step, max_steps),
     log=print if rank == 0 else lambda logs: None,

@@ -90,7 +90,7 @@ class TyingEngine:
         self.model = model
         self._retie = retie
         if retie is not None and hasattr(retie, "check"):
-            retie.check(decisions.resolved_settings(decisions.args))
+            retie.check(dataclasses.asdict(decisions.settings))
         self.decisions = decisions
         self.processes = processes
         self.history = TyingHistory(output_dir)
