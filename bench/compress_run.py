@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, default_data_col
 from hf_layertie import TiedGPT2LMHeadModel
 from hf_layertie.block_similarity import block_angular_distances, similarity_tying_map
 from hf_layertie.decisions import DECISIONS
-from hf_layertie.toolkit.models import load_model
+from hf_layertie.toolkit import load_model
 from hf_layertie.trainer import TyingTrainer, TyingTrainingArguments
 
 from .compress_settings import TEACHER_DIRS, CompressSettings, Row, teacher_ready

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.measure import process_peak_bytes, training_state_bytes  # noqa: E402
 from bench.provenance import provenance  # noqa: E402
 from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, resolve_tying_map  # noqa: E402
-from hf_layertie.language_modeling.generated_tasks import HOP_TASKS, evaluate_hop_task  # noqa: E402
+from hf_layertie.language_modeling import HOP_TASKS, evaluate_hop_task  # noqa: E402
 
 # The probe's split sizes unless --task sets them.
 PROBE_SIZES = {"train_examples": 50000, "eval_examples": 500}

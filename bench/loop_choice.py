@@ -30,7 +30,7 @@ from bench.provenance import source_lines  # noqa: E402
 from bench.report import interval, load_result, paired_difference, verdict_cell  # noqa: E402
 from bench.scheduling import write_whole  # noqa: E402
 from bench.settings import PRESETS, folder_settings  # noqa: E402
-from hf_layertie.data.word_problem import WordProblemConfig, is_solvable  # noqa: E402
+from hf_layertie.data import WordProblemConfig, is_solvable  # noqa: E402
 
 RESULTS = REPO_ROOT / "bench" / "results" / "loops-choice"
 REPORT = REPO_ROOT / "bench" / "reports" / "study" / "loops"

@@ -375,7 +375,7 @@ def score(model, settings: BenchSettings, splits, skipped: list[int]) -> dict:
     """The study's test metric of `model` computing all but `skipped`: the test loss (mean over tokens, as the
     Trainer's evaluation gives it for full blocks) for language; for a task the mean accuracy over hop counts
     (`evaluate_hop_task`, which calls the model without the argument: the config's `skipped_positions` for the call)."""
-    from hf_layertie.language_modeling.generated_tasks import evaluate_hop_task
+    from hf_layertie.language_modeling import evaluate_hop_task
 
     model.eval()
     if settings.task is not None:

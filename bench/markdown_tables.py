@@ -200,7 +200,7 @@ def _settings_table() -> str:
     from transformers import TrainingArguments
 
     from hf_layertie import TyingTrainingArguments
-    from hf_layertie.trainer.training_args import DISTILLATION_DEFAULTS, setting_readers, strategy_help
+    from hf_layertie.trainer import DISTILLATION_DEFAULTS, setting_readers, strategy_help
 
     lines = ["| setting | read by | default | what |", "|---|---|---|---|"]
     for item in dataclasses.fields(TyingTrainingArguments):

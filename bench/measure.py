@@ -30,12 +30,10 @@ from transformers import (
     set_seed,
 )
 
-from hf_layertie.data.embedded import SHAKESPEARE_DIR
+from hf_layertie.data import SHAKESPEARE_DIR
 from hf_layertie.decisions import DECISIONS
-from hf_layertie.language_modeling.generated_tasks import evaluate_hop_task, hop_task_tokenizer, load_hop_task
-from hf_layertie.toolkit.baselines import bigram_loss
-from hf_layertie.toolkit.data import take_first, tokenize_and_group
-from hf_layertie.toolkit.models import load_model, load_tokenizer
+from hf_layertie.language_modeling import evaluate_hop_task, hop_task_tokenizer, load_hop_task
+from hf_layertie.toolkit import bigram_loss, load_model, load_tokenizer, take_first, tokenize_and_group
 from hf_layertie.trainer import TyingTrainer, TyingTrainingArguments, plot_tying_history
 
 from .gradient_norms import GradientNorms
@@ -220,7 +218,7 @@ def training_arguments(settings: BenchSettings, spec: RunSpec, output_dir: Path)
         max_distinct_blocks=settings.memory_max_distinct_blocks if memory else settings.max_distinct_blocks,
         similarity_warmup_steps=steps // 10,
     )
-    reads = DECISIONS[spec.strategy.partition(":")[0]].settings
+    reads = DECISIONS[spec.strategy.partition(":")[0]].setting_defaults()
     tying = {name: value for name, value in tying.items() if name == "tying_strategy" or name in reads}
     tying.update(spec.tying)
     batch_size = settings.memory_batch_size if memory else settings.batch_size

@@ -16,7 +16,7 @@ from typing import Literal
 
 from transformers import SchedulerType
 
-from hf_layertie.language_modeling.generated_tasks import HOP_TASKS
+from hf_layertie.language_modeling import HOP_TASKS
 
 from .loop_study import PREREGISTRATION, preregistration_digest, read_preregistration, task_rows
 

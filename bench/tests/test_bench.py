@@ -555,7 +555,7 @@ def test_memory_runs_with_gradient_checkpointing_get_folders_of_their_own_and_ea
 
 def test_the_partial_preset_loops_4_blocks_in_the_middle_at_the_start_and_at_the_end():
     from bench.settings import core_runs, independent_runs, memory_runs
-    from hf_layertie.models.tying_map import TyingMap
+    from hf_layertie import TyingMap
 
     settings = PRESETS["partial"]
     default = dict(n_layer=12, controls=True, partial_loops=False, seeds=tuple(range(10)), tuning_seed=None)

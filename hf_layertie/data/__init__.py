@@ -2,6 +2,7 @@
 
 from .embedded import (
     LAMBADA_TEST_FILE,
+    SHAKESPEARE_DIR,
     SHAKESPEARE_SPLITS,
     TokenizerKind,
     embedded_corpus_files,
@@ -9,13 +10,17 @@ from .embedded import (
     load_embedded_corpus,
     load_embedded_tokenizer,
 )
+from .word_problem import WordProblemConfig, is_solvable
 
 __all__ = [
     "LAMBADA_TEST_FILE",
+    "SHAKESPEARE_DIR",
     "SHAKESPEARE_SPLITS",
     "TokenizerKind",
+    "WordProblemConfig",
     "embedded_corpus_files",
     "embedded_tokenizer_dir",
     "load_embedded_corpus",
+    "is_solvable",
     "load_embedded_tokenizer",
 ]

@@ -12,11 +12,12 @@ from .run_lifecycle import (
     save_training_outputs,
     training_start,
 )
-from .training_args import TyingTrainingArguments
+from .training_args import DISTILLATION_DEFAULTS, TyingTrainingArguments, setting_readers, strategy_help
 from .tying_plot import TYING_PLOT_NAME, plot_tying_history
 from .tying_trainer import TyingTrainer
 
 __all__ = [
+    "DISTILLATION_DEFAULTS",
     "TYING_HISTORY_NAME",
     "TYING_PLOT_NAME",
     "TYING_STATE_NAME",
@@ -29,6 +30,8 @@ __all__ = [
     "plot_tying_history",
     "rebuild_data_parallel",
     "save_training_outputs",
+    "setting_readers",
+    "strategy_help",
     "sync_optimizer_with_model",
     "training_start",
 ]
