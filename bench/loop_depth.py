@@ -198,8 +198,8 @@ def study_settings(arguments: LoopDepthArguments) -> BenchSettings:
     bench_arguments = BenchArguments(preset=preset)
     folder = arguments.study_folder()
     settings = freeze_recipe(resolve_settings(bench_arguments), bench_arguments, folder)
-    if arguments.smoke:
-        smoke = dict(SMOKE)
+    if arguments.smoke:  # not a registered run: its records name no registration (a copy without git runs it too)
+        smoke = dict(SMOKE, loop_study=None, preregistration_digest=None)
         if settings.task is not None:
             smoke["task"], smoke["block_size"] = SMOKE_HOP_TASK
         return dataclasses.replace(settings, **smoke)
