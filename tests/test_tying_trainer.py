@@ -414,6 +414,14 @@ def test_an_unstamped_tying_state_resumes_as_the_uninterrupted_run_and_pre_relea
             make_trainer(tmp_path / "again", **overrides).train(resume_from_checkpoint=str(checkpoint))
 
 
+def test_a_strategy_receives_its_own_settings_and_refuses_the_training_arguments():
+    args = tying_args("unused", tying_strategy="similarity:2")
+    settings = SimilarityDecisions.settings_from(args)
+    assert settings.argument == "2" and settings.similarity_warmup_steps == args.similarity_warmup_steps
+    with pytest.raises(TypeError, match="SimilarityDecisions takes its SimilaritySettings \\(see settings_from\\), got TyingTrainingArguments"):
+        SimilarityDecisions(args, num_blocks=4)
+
+
 def test_a_strategy_decides_from_what_it_observes_and_returns_the_decision_on_the_main_process():
     args = tying_args("unused", tying_strategy="similarity:2")
     strategy = SimilarityDecisions(SimilarityDecisions.settings_from(args), num_blocks=4)
