@@ -58,12 +58,12 @@ from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.measure import task_data  # noqa: E402
 from bench.provenance import provenance  # noqa: E402
 from bench.scheduling import RESULT_FILE, Job, run_jobs, single_run_command, write_complete  # noqa: E402
-from bench.settings import REPO_ROOT, check_task, parse_integers, with_preset_seeds  # noqa: E402
+from bench.settings import PRESETS_DIR, REPO_ROOT, check_task, parse_integers, presets_help, with_preset_seeds  # noqa: E402
 
 
 @dataclass
 class CompressArguments:
-    preset: str = field(default="default", metadata={"help": f"One of {', '.join(PRESETS)}."})
+    preset: str = field(default="default", metadata={"help": presets_help(PRESETS_DIR / "compress") + " (bench/presets/compress/<preset>.json)"})
     seeds: str | None = field(default=None, metadata={"help": "Comma-separated seeds (default: the preset's)."})
     task: str | None = field(
         default=None, metadata={"help": "A generated task instead of the preset's data, e.g. 'hop_induction:length=16,max_hops=2'."}

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from .settings import LATER_SETTINGS, fingerprint
+from .settings import LATER_SETTINGS, PRESETS_DIR, fingerprint, read_presets
 
 
 @dataclass(frozen=True)
@@ -54,28 +54,8 @@ UPTRAINING_STEPS = "uptraining steps"
 # load it as users load theirs (`load_model`, as `run_clm.py --model_name_or_path` does).
 TEACHER_DIRS = {"tied_gpt2": "teacher-model", "tied_llama": "teacher-llama"}
 
-PRESETS = {
-    "tiny": CompressSettings(
-        n_layer=4, n_embd=32, n_head=2, block_size=32, batch_size=4, teacher_steps=12, teacher_learning_rate=3e-3,
-        uptrain_steps=8, uptrain_learning_rate=1e-3, warmup_steps=0, distinct_blocks=2, tying_interval=2,
-        max_test_blocks=16, max_validation_blocks=16, seeds=(0,), smoke_test=True,
-    ),  # fmt: skip
-    # The study's model, data and teacher schedule (2,000 steps of 16 x 64 tokens at 3e-3); uptraining 1,000 steps at
-    # 1e-3 (the rate of the probe); k = 2 as in the study, so DLT takes 500 decisions.
-    "default": CompressSettings(
-        n_layer=12, n_embd=64, n_head=4, block_size=64, batch_size=16, teacher_steps=2000, teacher_learning_rate=3e-3,
-        uptrain_steps=1000, uptrain_learning_rate=1e-3, warmup_steps=50, distinct_blocks=4, tying_interval=2,
-        max_test_blocks=None, seeds=(0, 1, 2, 3, 4),
-    ),  # fmt: skip
-    # Where depth matters: k-hop induction (the `depth` study preset's task and model), a 4-block teacher trained
-    # 5,000 steps (where 4 untied blocks beat 2, bench/hop_depth.py), compressed to 2 distinct blocks and uptrained
-    # 1,000 steps at 1e-3.
-    "depth": CompressSettings(
-        n_layer=4, n_embd=64, n_head=4, block_size=66, batch_size=32, teacher_steps=5000, teacher_learning_rate=1e-3,
-        uptrain_steps=1000, uptrain_learning_rate=1e-3, warmup_steps=100, distinct_blocks=2, tying_interval=2,
-        max_test_blocks=None, seeds=(0, 1, 2, 3, 4), task="hop_induction:length=64,max_hops=4",
-    ),  # fmt: skip
-}
+# Its presets (bench/presets/compress), read as the study's are.
+PRESETS: dict[str, CompressSettings] = read_presets(PRESETS_DIR / "compress", CompressSettings)
 
 
 @dataclass(frozen=True)

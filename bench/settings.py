@@ -150,105 +150,47 @@ def check_task(task: str | None) -> None:
         raise ValueError(f"--task {task!r}: expected '<name>:<config>' with a name among {', '.join(sorted(HOP_TASKS))}")
 
 
-PRESETS: dict[str, BenchSettings] = {
-    # Every strategy and the memory runs end to end in about 2 minutes on 2 CPU cores: a smoke test, no findings.
-    # Evaluated during training, with dropout, like the paper preset, so that its model selection is smoke-tested too.
-    "tiny": BenchSettings(
-        n_layer=4, n_embd=32, n_head=2, block_size=32, max_steps=12, batch_size=4, learning_rate=3e-3,
-        warmup_steps=0, tying_interval=2, max_distinct_blocks=2, seeds=(0, 1), max_test_blocks=16,
-        memory_depths=(8,), memory_n_embd=32, memory_n_head=2, memory_max_distinct_blocks=2,
-        memory_batch_size=2, memory_steps=4, memory_tying_interval=1, eval_interval=4, max_validation_blocks=16,
-        dropout=0.2, fork_runs=True,
-    ),  # fmt: skip
-    # The CPU study: 12 blocks of width 64 (82% of the parameters in blocks), 2,000 steps of 16 x 64 tokens
-    # (2 M tokens, 1.3 epochs of the training works: enough to pass a count bigram), 1,000 decisions per DLT run,
-    # 10 seeds (the contrasts that carry the conclusions need them). k = 2, not the library's (and the paper's) 15: k sets how many decisions a run of this length has.
-    "default": BenchSettings(
-        n_layer=12, n_embd=64, n_head=4, block_size=64, max_steps=2000, batch_size=16, learning_rate=3e-3,
-        warmup_steps=50, tying_interval=2, max_distinct_blocks=4, seeds=tuple(range(10)), max_test_blocks=None,
-        memory_depths=(12, 24, 48), memory_n_embd=128, memory_n_head=4, memory_max_distinct_blocks=8,
-        memory_batch_size=8, memory_steps=60, memory_tying_interval=2, controls=True,
-    ),  # fmt: skip
-    # The paper's regime at CPU size: one play (Julius Caesar, 41 k tokens) trained for many epochs in steps of 16 x 64
-    # tokens (2,000 steps are about 50), dropout 0.2 (the authors' code), k = 15 (the paper's), validation (Macbeth
-    # and The Tempest, first 64 blocks) and test (first 256 blocks of the test works) every 100 steps. Each run stops
-    # 10 evaluations (1,000 steps) after its lowest validation loss, or at 6,000 steps: at the chosen learning rates
-    # (3e-4 for most strategies, bench/results/paper-2000-steps/learning_rates.json) 2,000 steps end before any
-    # strategy overfits, and 6,000-step probes reach their minimum at steps 1,800-1,900 (bench/README.md). About 10
-    # minutes per 12-block run beside another on 2 cores.
-    "paper": BenchSettings(
-        n_layer=12, n_embd=64, n_head=4, block_size=64, max_steps=6000, batch_size=16, learning_rate=3e-3,
-        warmup_steps=50, tying_interval=15, max_distinct_blocks=4, seeds=tuple(range(10)), max_test_blocks=256,
-        memory_depths=(12, 24, 48), memory_n_embd=128, memory_n_head=4, memory_max_distinct_blocks=8,
-        memory_batch_size=8, memory_steps=60, memory_tying_interval=2, train_works=("julius_caesar",), dropout=0.2,
-        eval_interval=100, max_validation_blocks=64, controls=True, early_stopping_patience=10,
-    ),  # fmt: skip
-    # The paper's headline depth in its regime: 48 blocks tied to at most 8 distinct (the paper reports 7-10 of 48),
-    # narrower (32). Still, a 48-block run takes 11 to 13 minutes beside another on 2 cores (seed 0: 778 s
-    # conventional, 759 s DLT), 2.4 times a 12 x 64 one: on CPU the 48 blocks' per-layer overhead dominates.
-    "paper48": BenchSettings(
-        n_layer=48, n_embd=32, n_head=2, block_size=64, max_steps=2000, batch_size=16, learning_rate=3e-3,
-        warmup_steps=50, tying_interval=15, max_distinct_blocks=8, seeds=(0, 1, 2, 3, 4), max_test_blocks=256,
-        memory_depths=(12, 24, 48), memory_n_embd=128, memory_n_head=4, memory_max_distinct_blocks=8,
-        memory_batch_size=8, memory_steps=60, memory_tying_interval=2, train_works=("julius_caesar",), dropout=0.2,
-        eval_interval=100, max_validation_blocks=64,
-    ),  # fmt: skip
-    # A regime where depth matters (bench/README.md, "Where depth matters: k-hop induction"): k-hop induction of 64
-    # letters, 1-4 hops, where 4 untied blocks of width 64 clearly beat 2 (bench/hop_depth.py); budget U = 2, 5,000
-    # steps of 32 examples at 1e-3 as there, but the study's schedule (cosine, weight decay 0.1) and 1,000 examples
-    # per evaluation split, k = 15. About 6 minutes per run on one core.
-    "depth": BenchSettings(
-        n_layer=4, n_embd=64, n_head=4, block_size=66, max_steps=5000, batch_size=32, learning_rate=1e-3,
-        warmup_steps=100, tying_interval=15, max_distinct_blocks=2, seeds=(0, 1, 2, 3, 4), max_test_blocks=None,
-        memory_depths=(12, 24, 48), memory_n_embd=128, memory_n_head=4, memory_max_distinct_blocks=8,
-        memory_batch_size=8, memory_steps=60, memory_tying_interval=2, task="hop_induction:length=64,max_hops=4",
-    ),  # fmt: skip
-    # One GPU: 12 x 384 (GPT-2 small's depth, a quarter of its width), 256-token context, 2,000 steps (5 epochs of
-    # the 36 works) with dropout 0.2 and model selection on validation every 100 steps, as in `paper`. Measured on an
-    # H100 at the former 6,000 steps without them (bench/results/gpu-6000-steps): 12 untied blocks ended at train
-    # loss 0.70 and test loss 5.30, memorised. At 2,000 steps on an H200, eight runs side by side: 404 s per 12-block
-    # run, 198 s per untied 4-block one, so about an hour for the 5 seeds (bench/results/gpu resumes them).
-    "gpu": BenchSettings(
-        n_layer=12, n_embd=384, n_head=6, block_size=256, max_steps=2000, batch_size=16, learning_rate=1e-3,
-        warmup_steps=100, tying_interval=15, max_distinct_blocks=4, seeds=(0, 1, 2, 3, 4), max_test_blocks=256,
-        memory_depths=(12, 24, 48), memory_n_embd=768, memory_n_head=12, memory_max_distinct_blocks=8,
-        memory_batch_size=8, memory_steps=60, memory_tying_interval=2, num_threads=None, use_gpu=True, dropout=0.2,
-        eval_interval=100, max_validation_blocks=64,
-    ),  # fmt: skip
-}
-# Mild, mid-stack sharing at equal parameters (issue 53, part 1): the default preset's width, data, steps, batch and
-# schedule, 10 seeds, no agent and no controls. Rows: `untied, 4 blocks` and the same 4 blocks looped over 5, 6 and 8
-# positions, the repeats in the middle, at the start or at the end (`partial_loop_runs`). `n_layer` is the deepest
-# layout's 8 positions; every row sets its own depth.
-PRESETS["partial"] = dataclasses.replace(
-    PRESETS["default"], n_layer=8, controls=False, partial_loops=True, seeds=tuple(range(1, 11)), tuning_seed=0
-)
-# Which recipe trains tied models reliably (issue 53, part 2): the depth preset's task, model and steps, its rows
-# limited to `recipe_runs`, gradient norms every 25 steps. A recipe is a results folder of its own, e.g.
-# `--lr_scheduler_type linear --weight_decay 0.01 --results_dir bench/results/recipe/linear-wd0.01`.
-PRESETS["recipe"] = dataclasses.replace(PRESETS["depth"], recipe_rows=True, gradient_norm_interval=25)
-# The equal-memory comparison on fresh seeds (issue 53, part 2): the recipe rows with DLT and random at the budget,
-# seeds 5-14, under the recipe `bench/recipe_report.py` chose on seeds 0-4 (`RECIPE_REPORT`), frozen when the results
-# folder is claimed (`freeze_recipe`).
-PRESETS["depth-fresh"] = dataclasses.replace(
-    PRESETS["recipe"], seeds=tuple(range(5, 15)), recipe_agents=True, frozen_recipe=True, gradient_norm_interval=None
-)
-# Mild loops where depth matters (issue 53, part 1, on k-hop induction): the depth preset's task, model and steps
-# under the frozen recipe, a budget of 3 (at 2, no block is left to loop between the first and the last), so 3
-# untied blocks against the same 3 looped over 4, 5 and 6 positions, on seeds 5-9. At U = 3 every loop is one block
-# applied 2, 3 or 4 times (`0 1 1 3`, `0 1 1 1 4`, `0 1 1 1 1 5` in the middle), where `partial`'s U = 4 also loops
-# two blocks.
-PRESETS["partial-depth"] = dataclasses.replace(
-    PRESETS["depth"], n_layer=6, max_distinct_blocks=3, seeds=tuple(range(5, 10)), partial_loops=True, frozen_recipe=True
-)
-# Issue 76: the pre-registered study of the loop recipe, one preset per task of bench/preregistration/looped-models.json
-# (`loop_study`: its key there), which gives the task, the seeds and the rows (bench/loop_study.py). The depth tasks
-# train depth's model and steps under the recipe frozen for depth-fresh; language trains partial's model, data, steps
-# and schedule at the rate partial's seed 0 chose for every one of its rows (3e-3, the preset's). Seeds and task are
-# filled in from the file when the settings are resolved (`preregistered`).
-_LOOP_DEPTH_TASK = dataclasses.replace(PRESETS["depth"], frozen_recipe=True, seeds=())
-PRESETS["loops-hop"] = dataclasses.replace(_LOOP_DEPTH_TASK, loop_study="k-hop")
-PRESETS["loops-language"] = dataclasses.replace(PRESETS["partial"], n_layer=12, partial_loops=False, seeds=(), tuning_seed=None, loop_study="language")
+PRESETS_DIR = REPO_ROOT / "bench" / "presets"
+
+
+def preset_files(folder: Path) -> dict[str, dict]:
+    """One tool's presets as written: a JSON file per preset in `folder`, named after it, holding `help` (one line for
+    `--help`), `why` (what the preset is for and why it is sized so), `settings` (the fields it sets) and, for a
+    preset derived from another, `base` (that preset's name: its settings are the starting point)."""
+    files = sorted(folder.glob("*.json"), key=lambda path: path.stem)
+    if not files:
+        raise FileNotFoundError(f"{folder}: no preset files (<name>.json) there")
+    return {path.stem: json.loads(path.read_text()) for path in files}
+
+
+def read_presets(folder: Path, settings_class: type) -> dict:
+    """`settings_class` instances of the presets in `folder` (`preset_files`), each base resolved first; JSON lists
+    become the tuples the settings hold. A file naming an unknown field or base fails with one error naming it."""
+    documents, presets = preset_files(folder), {}
+
+    def resolve(name: str, derived: tuple[str, ...] = ()) -> object:
+        if name not in presets:
+            if name not in documents or name in derived:
+                raise ValueError(f"{folder / derived[-1]}.json: base {name!r} is not a preset of {folder} it can start from")
+            document = documents[name]
+            fields = {key: tuple(value) if isinstance(value, list) else value for key, value in document["settings"].items()}
+            base = document.get("base")
+            try:
+                presets[name] = dataclasses.replace(resolve(base, (*derived, name)), **fields) if base else settings_class(**fields)
+            except TypeError as error:
+                raise ValueError(f"{folder / name}.json: {error}") from None
+        return presets[name]
+
+    return {name: resolve(name) for name in documents}
+
+
+def presets_help(folder: Path) -> str:
+    """The `--preset` help: each preset's name and its `help` line."""
+    return " ".join(f"{name}: {document['help']}" for name, document in preset_files(folder).items())
+
+
+# The study's presets (bench/presets/study): each fixes every size (model, data, steps, seeds, memory runs).
+PRESETS: dict[str, BenchSettings] = read_presets(PRESETS_DIR / "study", BenchSettings)
 RECIPE_REPORT = REPO_ROOT / "bench" / "reports" / "study" / "recipe" / "results.json"
 RECIPE_FIELDS = ("lr_scheduler_type", "weight_decay")
 
@@ -311,16 +253,7 @@ class BenchArguments:
     """Flags of `bench/run_bench.py`. Size flags left unset take the preset's value."""
 
     preset: Literal[tuple(PRESETS)] = field(
-        default="default",
-        metadata={
-            "help": "tiny: a 2-minute smoke test. default: the CPU study (10 seeds with controls: about 8 h on 2 cores with its rate grid, resumable). paper: the paper's "
-            "regime, one play for many epochs with dropout and model selection on validation, each run stopping 1,000 "
-            "steps after its lowest validation loss (about 10 minutes per 12-block run beside another, 19 runs per seed). paper48: the same at 48 blocks x 32, budget 8 (11 to 13 minutes per run beside another, 5 seeds in about 8 h on 2 cores). depth: k-hop induction, "
-            "where depth matters, 4 blocks with a budget of 2 (about 6 minutes per run on one core). partial: the default "
-            "preset's models and data, 4 untied blocks against the same 4 looped over 5, 6 and 8 positions (10 rows x "
-            "10 seeds, no agent). recipe: depth's task and models, the untied and looped rows only, gradient norms "
-            "recorded, to choose a training recipe with --lr_scheduler_type and --weight_decay. depth-fresh: the recipe rows, DLT and random on fresh seeds 5-14 under the recipe bench/recipe_report.py chose (refused until the choice is final). partial-depth: partial's loops on depth's task, 3 untied blocks against the same 3 looped over 4, 5 and 6 positions, seeds 5-9, under that recipe too. gpu: 12 x 384 on one GPU, with dropout and model selection as in paper (about an hour for 5 seeds with --jobs 8 on an H200). loops-hop, loops-language: a task of the pre-registered loop study (bench/preregistration/looped-models.json: its task, rows and seeds 100-109; refused until that file is committed), k-hop at about 10 minutes per run on one core, language at about 3."
-        },
+        default="default", metadata={"help": presets_help(PRESETS_DIR / "study") + " (bench/presets/study/<preset>.json)"}
     )
     results_dir: str | None = field(
         default=None, metadata={"help": "Where the runs' records go (one folder per run). Default: bench/results/<preset>."}

@@ -9,9 +9,12 @@ GPT-2 whose 48 blocks share 8 distinct weight sets, and re-ties it back and fort
 blocks (`sequence:8` and `cycle:8`), training a few steps after each:
 
 - `ddp`: every rank holds the whole model; a re-tie is `model.retie`, `sync_optimizer_with_model` and
-  `rebuild_data_parallel` (what `TyingTrainer` does);
+  `rebuild_data_parallel`;
 - `fsdp`: `shard_tied_model` (one FSDP2 group per tie group); a re-tie is `retie_sharded` (a round trip through the
-  full state).
+  full state), the engine's `ShardedRetie` policy.
+
+Both re-tie through `TyingEngine.retie_to`, the engine `TyingTrainer` and a plain loop train with, so what is timed
+is what training does.
 
 It reports, per rank, the training state held (parameters + gradients + AdamW state, the local shards under
 FSDP2, each shared tensor once; under DDP also its reducer's gradient buckets, which hold a second copy of the
@@ -74,8 +77,10 @@ def measure(args) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, parse_strategy
-    from hf_layertie.sharding import retie_sharded, shard_tied_model
-    from hf_layertie.trainer import rebuild_data_parallel, sync_optimizer_with_model
+    from hf_layertie.decisions import StrategySettings, TyingDecisions
+    from hf_layertie.engine import DistributedProcesses, TyingEngine
+    from hf_layertie.sharding import ShardedRetie, shard_tied_model
+    from hf_layertie.trainer import rebuild_data_parallel
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -90,6 +95,13 @@ def measure(args) -> None:
     else:
         wrapped = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+    # No strategy decides here: the benchmark gives the maps (`retie_to`), and the engine applies them.
+    engine = TyingEngine(
+        model, TyingDecisions(StrategySettings(), args.n_layer), DistributedProcesses(), output_dir=args.output_dir, optimizer=lambda: optimizer,
+        refresh_wrapper=lambda: rebuild_data_parallel(wrapped) if args.mode == "ddp" else None,
+        held_out_loss=lambda: float("nan"), prepare_inputs=lambda batch: batch, steps=lambda: (0, 0), log=lambda logs: None,
+        retie=ShardedRetie() if args.mode == "fsdp" else None,
+    )  # fmt: skip
     batch = torch.randint(0, 2048, (4, 64), generator=torch.Generator().manual_seed(rank))
     peak_state, seconds = 0, []
 
@@ -106,11 +118,9 @@ def measure(args) -> None:
         tying_map = maps[(index + 1) % 2]
         dist.barrier()
         started = time.perf_counter()
+        engine.retie_to(tying_map)
         if args.mode == "fsdp":
-            wrapped = retie_sharded(wrapped, optimizer, tying_map)
-        else:
-            sync_optimizer_with_model(optimizer, model, model.retie(tying_map))
-            rebuild_data_parallel(wrapped)
+            wrapped = engine.model  # a new sharded model after each re-tie
         dist.barrier()
         seconds.append(time.perf_counter() - started)
         train()

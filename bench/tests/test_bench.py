@@ -553,6 +553,27 @@ def test_memory_runs_with_gradient_checkpointing_get_folders_of_their_own_and_ea
     assert resolve_settings(BenchArguments(memory_gradient_checkpointing="True")).memory_gradient_checkpointing == (True,)
 
 
+def test_presets_are_read_from_their_files_with_bases_resolved_and_a_bad_file_is_named(tmp_path):
+    """A preset is a JSON file (bench/presets/<tool>/<name>.json) holding the fields it sets and, when derived, the
+    preset it starts from: the study's committed folders keep their fingerprints (test above), a derived preset is its
+    base with its own fields, and a file naming an unknown setting or base fails with one error naming the file."""
+    from bench.settings import PRESETS_DIR, preset_files, read_presets
+
+    for name, document in preset_files(PRESETS_DIR / "study").items():
+        assert document["help"] and document["why"], name
+        if "base" in document:
+            base = dataclasses.replace(PRESETS[document["base"]], **{key: tuple(value) if isinstance(value, list) else value for key, value in document["settings"].items()})
+            assert base == PRESETS[name], name
+    assert PRESETS["loops-hop"].seeds == () and PRESETS["depth"].memory_depths == (12, 24, 48)  # lists read as tuples
+    bad = {"help": "h", "why": "w", "settings": {"n_layers": 4}}
+    (tmp_path / "tiny.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"tiny\.json: .*n_layers"):
+        read_presets(tmp_path, type(TINY))
+    (tmp_path / "tiny.json").write_text(json.dumps(bad | {"base": "nowhere", "settings": {}}))
+    with pytest.raises(ValueError, match=r"tiny\.json: base 'nowhere'"):
+        read_presets(tmp_path, type(TINY))
+
+
 def test_the_partial_preset_loops_4_blocks_in_the_middle_at_the_start_and_at_the_end():
     from bench.settings import core_runs, independent_runs, memory_runs
     from hf_layertie import TyingMap
@@ -978,7 +999,7 @@ def test_a_paired_difference_says_how_many_seeds_it_left_out_for_another_teacher
     [
         ({"jobs": 0}, "--jobs must be >= 1, got 0"),
         ({"seeds": "1,a"}, "--seeds '1,a'"),
-        ({"preset": "huge"}, "--preset 'huge': expected one of tiny, default, depth"),
+        ({"preset": "huge"}, "--preset 'huge': expected one of default, depth, tiny"),
         ({"task": "chains:length=8"}, "--task 'chains:length=8': expected '<name>:<config>'"),
     ],
 )

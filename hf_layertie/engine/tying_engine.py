@@ -62,7 +62,7 @@ class TyingEngine:
             optimizer; else a policy, `retie(model, optimizer, new_map)`, that re-ties and carries the optimizer itself
             and returns the model to use from then on (`hf_layertie.sharding.ShardedRetie` under FSDP2): the engine
             makes it its `model`, so a loop reads `engine.model` after each decision. A policy's `check(settings)`, if
-            it has one, refuses the strategy's settings it cannot serve (a ValueError, here and at each decision).
+            it has one, refuses the strategy's settings it cannot serve (a ValueError, when the engine is built).
 
     Attributes:
         decisions: the strategy.
@@ -185,11 +185,9 @@ class TyingEngine:
         `tie_init` as in `retie`; with `untie_to_start`, the block an agent's decision unties takes back its weights
         from when training started, with fresh optimizer state (`untie_init="own"`); `lora_rank` relaxes the new ties
         (`relax_ties`), whose adapters join the param group of the weights they adapt. A re-tie policy (`retie`)
-        applies the map alone."""
+        applies the map alone: its `check` refused at construction the settings it cannot serve, and a decision's
+        `tie_init`, `lora_rank` and `untie_to_start` are those settings'."""
         if self._retie is not None:
-            untie_init = "own" if decision.untie_to_start else "source"
-            if hasattr(self._retie, "check"):
-                self._retie.check({"tie_init": decision.tie_init, "lora_rank": decision.lora_rank, "untie_init": untie_init})
             self._retie_by_policy(decision.map_after)
             return self.model.parameter_counts()
         lora_rank, lora_init = decision.lora_rank, decision.lora_init
@@ -265,10 +263,11 @@ class TyingEngine:
     def _retie_by_policy(self, tying_map: TyingMap) -> None:
         """Re-tie through the policy given at construction, which brings the optimizer along and returns the model
         the engine holds from now on (unchanged map: nothing to do, on every process alike)."""
-        if TyingMap(tying_map) == self.model.tying_map:
+        tying_map = TyingMap(tying_map)
+        if tying_map == self.model.tying_map:
             return
         with self.timed("retie"):
-            self.model = self._retie(self.model, self._optimizer(), TyingMap(tying_map))
+            self.model = self._retie(self.model, self._optimizer(), tying_map)
         with self.timed("ddp_rebuild"):
             self._refresh_wrapper()
 

@@ -119,7 +119,8 @@ def training_start(
             "train from that checkpoint, pass a new --output_dir; to continue the run, a larger --max_steps"
         )
     missing = missing_checkpoint_files(output_dir) + [name for name in FINAL_OUTPUTS if not Path(output_dir, name).is_file()]
-    saved = read_json(Path(output_dir, "all_results.json")) if Path(output_dir, "all_results.json").is_file() else {}
+    results = Path(output_dir, "all_results.json")
+    saved = read_json(results) if results.is_file() else {}
     asked = [] if missing else asked_beyond_saved(saved)
     if not missing and not asked:
         # Its results are those of the settings it ran under: this command's must be the same.
