@@ -5,15 +5,8 @@ machine without one (CI); run them where one is lent (`python -m pytest tests/te
 import datasets
 import pytest
 import torch
-from test_tied_models import perturb_
-from test_tying_trainer import (
-    OptimizerMatchesModel,
-    make_trainer,
-    tiny_model,
-    token_dataset,
-    torch_optimizer,
-    tying_args,
-)
+from helpers.models import perturb_
+from helpers.training import OptimizerMatchesModel, make_trainer, tiny_model, token_dataset, torch_optimizer, tying_args
 
 from hf_layertie import TyingTrainer
 from hf_layertie.block_similarity import block_angular_distances
@@ -59,7 +52,7 @@ def test_a_model_trained_on_the_gpu_reloads_with_equal_logits(tmp_path):
 def test_a_distilled_run_keeps_its_teacher_on_the_students_device_and_dtype(tmp_path, dtype):
     """A float32 teacher checkpoint runs on the GPU in the student's dtype, frozen, and the training loss is the
     mix computed by hand there."""
-    from test_distillation import mix_by_hand, student_model, without_dropout
+    from helpers.training import mix_by_hand, student_model, without_dropout
 
     student_model(seed=5).save_pretrained(tmp_path / "teacher")
     ids = torch.randint(1, 100, (4, 16), generator=torch.Generator().manual_seed(0))
@@ -83,7 +76,7 @@ def test_a_distilled_run_keeps_its_teacher_on_the_students_device_and_dtype(tmp_
 def test_distillation_under_data_parallel_is_refused_naming_the_launch_to_use(tmp_path):
     """With several GPUs and no launcher, the Trainer wraps the model in DataParallel and would count the mix once
     per GPU: refused before the teacher is loaded."""
-    from test_distillation import student_model
+    from helpers.training import student_model
 
     student_model(seed=5).save_pretrained(tmp_path / "teacher")
     args = tying_args(tmp_path / "run", tying_strategy="static:cycle:2", use_cpu=False, distill_from=str(tmp_path / "teacher"))
@@ -94,7 +87,7 @@ def test_distillation_under_data_parallel_is_refused_naming_the_launch_to_use(tm
 def test_a_teacher_follows_a_student_the_trainer_places_on_the_gpu_only_when_training_starts(tmp_path):
     """With bf16_full_eval the Trainer leaves the student on the CPU until `train`, where the teacher was loaded
     beside it: the teacher must score each batch on the batch's device."""
-    from test_distillation import student_model
+    from helpers.training import student_model
 
     teacher = tmp_path / "teacher"
     student_model(seed=5).save_pretrained(teacher)

@@ -4,7 +4,7 @@ import re
 
 import pytest
 import torch
-from conftest import EVERY_KIND, make_tiny_gpt2_config, raw_tying_maps
+from helpers.models import EVERY_KIND, make_tiny_gpt2_config, raw_tying_maps
 from huggingface_hub import ModelCard
 from hypothesis import given, settings
 from transformers import GPT2LMHeadModel, TrainingArguments

@@ -7,11 +7,9 @@ import sys
 
 import pytest
 import torch
-from conftest import GPT2, every_kind
-from test_conversion import trained_plain_checkpoint  # noqa: F401 (fixture)
-from test_run_scripts import clm_run, text_files, tiny_flags  # noqa: F401 (fixtures)
-from test_tied_models import load_cleanly, logits, perturb_
-from test_tying_trainer import OptimizerMatchesModel, make_trainer, tiny_model, tying_args
+from helpers.models import GPT2, every_kind, load_cleanly, logits, perturb_
+from helpers.scripts import tiny_flags
+from helpers.training import OptimizerMatchesModel, make_trainer, tiny_model, tying_args
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_layertie.language_modeling import CAUSAL_LM, run

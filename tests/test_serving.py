@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import GPT2, LLAMA, MISTRAL, QWEN2
+from helpers.models import GPT2, LLAMA, MISTRAL, QWEN2
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `bench` is a folder of the repository, not installed

@@ -4,36 +4,17 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import GPT2
+from helpers.models import GPT2
+from helpers.processes import REPO, run_on_two_ranks
 
 from hf_layertie import TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
 from hf_layertie.sharding import _unsharded_replica, retie_sharded, shard_tied_model
 
-REPO = Path(__file__).resolve().parents[1]
 LOSS_TOLERANCE = 1e-5
 WEIGHT_TOLERANCE = 1e-5
-
-
-def run_on_two_ranks(script: str | Path, output_dir: Path, timeout: float) -> list[dict]:
-    """Run tests/scripts/`script` (or the script at an absolute path) under torchrun on 2 gloo processes and load what
-    each rank saved. A run past `timeout` (blocked ranks) fails the test; SIGTERM makes torchrun end its workers, which
-    run in sessions of their own that killing torchrun alone would leave behind."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    # `--standalone`: a free port of its own, as another pytest worker may be launching processes too.
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(REPO / "tests" / "scripts" / script), str(output_dir)]  # fmt: skip
-    with subprocess.Popen(command, cwd=output_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:  # fmt: skip
-        try:
-            stdout, stderr = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.terminate()
-            stdout, stderr = process.communicate(timeout=60)
-            pytest.fail(f"{script} still ran after {timeout} s: {stdout[-3000:]}{stderr[-3000:]}")
-    assert process.returncode == 0, stdout[-3000:] + stderr[-3000:]
-    return [torch.load(output_dir / f"rank{rank}.pt") for rank in (0, 1)]
 
 
 @pytest.fixture(scope="module")

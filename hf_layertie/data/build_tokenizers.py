@@ -12,7 +12,7 @@ Why 2,048: with GPT-2's 50,257 tokens, a small model is mostly embedding (89% of
 parameters) and learns slowly; at 2,048 the transformer blocks, the part that tying shares, hold over 80%.
 Only the training plays are read, line by line with their line breaks, so no evaluation text leaks into the
 vocabulary. The BPE rebuild is byte-identical; WordPiece orders its initial alphabet differently from run to run,
-so its rebuild has the same vocabulary with some ids permuted (`tests/test_embedded_data.py` checks both).
+so its rebuild has the same vocabulary with some ids permuted (`tests/data/test_embedded_data.py` checks both).
 """
 
 from __future__ import annotations

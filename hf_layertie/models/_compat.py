@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import PreTrainedModel
 
 # The transformers versions every private API below was verified against. setup.cfg's `install_requires` must say
-# the same (tests/test_compat.py checks that they agree); widen both together, after running the suite on the new
+# the same (tests/models/test_compat.py checks that they agree); widen both together, after running the suite on the new
 # version.
 SUPPORTED_TRANSFORMERS = ">=5.18,<6"
 

@@ -1,7 +1,7 @@
 """A DDP wrapper's communication hook, own hooks and settings survive the re-ties of a 2-rank run; unsurvivable ones
 are refused before the first step. Each rank dumps what it saw.
 
-Launched by tests/test_distributed.py:
+Launched by tests/trainer/test_distributed.py:
 `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 tests/scripts/ddp_comm_hook_run.py OUTPUT_DIR`.
 """
 

@@ -1,7 +1,7 @@
 """Two ranks, the main process's agent raising in its second decision (`decide`) or in the last outcome (`finish`):
 the other rank must stop with it.
 
-Started by tests/test_tying_trainer.py as two bare torch.distributed processes (no launcher that would end the other
+Started by tests/trainer/test_tying_trainer.py as two bare torch.distributed processes (no launcher that would end the other
 rank once one fails): `ddp_decision_failure_run.py OUTPUT_DIR decide|finish`. Each rank writes the error it stopped
 with to OUTPUT_DIR/stopped<rank>.txt. Without the failure being shared, rank 1 waits in the next collective: for ever
 while the main process lives on, and here, where it exits, until gloo's opaque "Connection closed by peer".

@@ -1,7 +1,7 @@
 """Distil into the tiny re-tying run on two processes to the end, then again resumed from its checkpoint of step 4;
 each rank dumps both runs' final weights and its teacher's.
 
-Launched by tests/test_distillation.py (`accelerate launch --multi_gpu --num_processes 2 ... OUTPUT_DIR TEACHER_DIR`).
+Launched by tests/trainer/test_distillation.py (`accelerate launch --multi_gpu --num_processes 2 ... OUTPUT_DIR TEACHER_DIR`).
 """
 
 import sys

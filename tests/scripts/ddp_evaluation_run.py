@@ -1,6 +1,6 @@
 """Score k-hop induction and LAMBADA on two processes; each rank writes the scores it got.
 
-Launched by tests/test_distributed.py (`accelerate launch --multi_gpu --num_processes 2 ... OUTPUT_DIR`), which
+Launched by tests/trainer/test_distributed.py (`accelerate launch --multi_gpu --num_processes 2 ... OUTPUT_DIR`), which
 compares them with the scores one process gets from `evaluation_scores()`.
 """
 

@@ -1,6 +1,6 @@
 """Two ranks, a NaN loss on rank 1 only, in step 3: every rank must stop there with the same error.
 
-Launched by tests/test_tying_trainer.py like tests/scripts/ddp_tying_run.py. Each rank writes the error it stopped
+Launched by tests/trainer/test_tying_trainer.py like tests/scripts/ddp_tying_run.py. Each rank writes the error it stopped
 with to OUTPUT_DIR/stopped<rank>.txt; a rank that did not stop would wait for the other in the next collective until
 `ddp_timeout` and fail the launch.
 """

@@ -1,7 +1,7 @@
 """Train DLT on two processes to the end, then again resumed from a checkpoint taken inside a decision's window;
 each rank dumps both runs' decisions and final weights.
 
-Launched by tests/test_distributed.py (`accelerate launch --multi_gpu --num_processes 2 ... OUTPUT_DIR`). The ranks
+Launched by tests/trainer/test_distributed.py (`accelerate launch --multi_gpu --num_processes 2 ... OUTPUT_DIR`). The ranks
 see different batches, so each holds its own part of the open window's loss when the checkpoint is written.
 """
 

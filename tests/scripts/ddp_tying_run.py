@@ -1,6 +1,6 @@
 """Train a tiny tied model with re-ties under several processes; each rank dumps its final map and weights.
 
-Launched by tests/test_distributed.py exactly as the README tells users to launch:
+Launched by tests/trainer/test_distributed.py exactly as the README tells users to launch:
 `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 tests/scripts/ddp_tying_run.py OUTPUT_DIR MODEL
 [LOOP_LR_EXPONENT]`, where MODEL is a key of `launched.SIZES` (default gpt2); with LOOP_LR_EXPONENT each rank also
 records whether every block Parameter ended in the param group of its use count.

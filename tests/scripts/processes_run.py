@@ -1,6 +1,6 @@
 """`DistributedProcesses` on two gloo processes (torchrun): each collective, and a failure on one rank raised on both.
 
-Launched by tests/test_processes.py under a timeout: `torchrun --nproc_per_node 2 tests/scripts/processes_run.py
+Launched by tests/engine/test_processes.py under a timeout: `torchrun --nproc_per_node 2 tests/scripts/processes_run.py
 OUTPUT_DIR`. Each rank writes OUTPUT_DIR/rank<rank>.pt: what each collective returned there, and the error the failure
 raised there.
 """

@@ -3,8 +3,13 @@ through re-ties and a resume, and the refusals."""
 
 import pytest
 import torch
-from test_loop_schedule import assert_resuming_equals_the_uninterrupted_run
-from test_tying_trainer import make_trainer, tiny_model, token_dataset, tying_args
+from helpers.training import (
+    assert_resuming_equals_the_uninterrupted_run,
+    make_trainer,
+    tiny_model,
+    token_dataset,
+    tying_args,
+)
 from transformers import TrainerCallback
 
 from hf_layertie import TyingTrainer, TyingTrainingArguments

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import GPT2
+from helpers.models import GPT2
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from transformers import PreTrainedModel, Trainer
 
 from hf_layertie.models import _compat
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def install_requirement(name: str) -> Requirement:

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from conftest import raw_tying_maps
+from helpers.models import raw_tying_maps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

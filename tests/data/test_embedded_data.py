@@ -135,7 +135,7 @@ def test_lambada_ships_with_its_licence_and_the_known_count():
 
 
 def test_nothing_in_the_repository_reads_the_shared_folder_beside_it():
-    repository = Path(__file__).resolve().parents[1]
+    repository = Path(__file__).resolve().parents[2]
     sources = [*repository.glob("*.py"), *repository.glob("hf_layertie/**/*.py"), *repository.glob("bench/**/*.py"),
                *repository.glob("tests/**/*.py"), *repository.glob("model_cards/*.py"), repository / ".ci" / "run"]  # fmt: skip
     pattern = re.compile(r"""["'/]shared["'/]""")

@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import GPT2, TINY_GPT2, every_kind
+from helpers.models import GPT2, TINY_GPT2, every_kind
 from peft import LoraConfig, get_peft_model
 from transformers import TrainerCallback
 

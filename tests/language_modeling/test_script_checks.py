@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from test_run_scripts import TINY_GPT2, text_files, tiny_flags  # noqa: F401 (fixtures)
+from helpers.scripts import TINY_GPT2, tiny_flags
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from hf_layertie import TIED_MODELS
@@ -393,14 +393,14 @@ TINY_LLAMA_FLAGS = "num_hidden_layers=4,hidden_size=16,num_attention_heads=2,int
         ("tied_llama", TINY_LLAMA_FLAGS, "static:sequence:2", r"--serving_output_dir .*: save_for_serving: the looped format runs U blocks n times"),
     ],
 )
-def test_serving_output_dir_refuses_what_cannot_be_served_before_training(tmp_path, text_files, model_type, overrides, strategy, message):  # noqa: F811
+def test_serving_output_dir_refuses_what_cannot_be_served_before_training(tmp_path, text_files, model_type, overrides, strategy, message):
     flags = tiny_flags(tmp_path / "run", text_files, overrides, "--model_type", model_type, "--tying_strategy", strategy)
     with pytest.raises(ValueError, match=message):
         run(CAUSAL_LM, [*flags, "--serving_output_dir", str(tmp_path / "serving")])
     assert not (tmp_path / "run" / "checkpoint-2").exists() and not (tmp_path / "serving").exists()
 
 
-def test_serving_output_dir_holds_the_trained_model_s_distinct_blocks_once(tmp_path, text_files):  # noqa: F811
+def test_serving_output_dir_holds_the_trained_model_s_distinct_blocks_once(tmp_path, text_files):
     """Written after training; asked of a run that finished without it, written from its final model, training no
     step again."""
     flags = tiny_flags(tmp_path / "run", text_files, TINY_LLAMA_FLAGS, "--model_type", "tied_llama", "--tying_strategy", "static:cycle:2")
@@ -422,7 +422,7 @@ def test_serving_output_dir_holds_the_trained_model_s_distinct_blocks_once(tmp_p
         (["--tying_strategy", "static:cycle:2", "--lora_rank", "1", "--serving_output_dir", "{serving}"], r"lora_rank=1 relaxes the ties"),
     ],
 )
-def test_serving_output_dir_refusals_that_training_would_not_change_come_before_it(tmp_path, text_files, extra, message):  # noqa: F811
+def test_serving_output_dir_refusals_that_training_would_not_change_come_before_it(tmp_path, text_files, extra, message):
     folders = {"run": str(tmp_path / "run"), "serving": str(tmp_path / "serving")}
     extra = [argument.format(**folders) for argument in extra]
     strategy = [] if "--tying_strategy" in extra else ["--tying_strategy", "static:cycle:2"]

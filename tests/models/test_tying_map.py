@@ -3,7 +3,7 @@
 import re
 
 import pytest
-from conftest import raw_tying_maps
+from helpers.models import raw_tying_maps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EVERY_KIND, LLAMA, make_tiny_gpt2_config
-from hub_server import HubServer, hub_server  # noqa: F401  (the fixture)
+from helpers.hub_server import HubServer, hub_server  # noqa: F401  (the fixture)
+from helpers.models import EVERY_KIND, LLAMA, make_tiny_gpt2_config
 from safetensors.torch import load_file, save_file
 
 from hf_layertie import TiedGPT2LMHeadModel
@@ -24,7 +24,7 @@ from hf_layertie.model_card import write_model_card
 # The fast tier (`python -m pytest -m "not e2e and not slow"`) leaves these out: pushes, pulls and loads in fresh processes.
 pytestmark = pytest.mark.e2e
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 INPUT_IDS = torch.tensor([[5, 17, 42, 8, 99, 3, 61, 27]])
 
 REFUSE_HF_LAYERTIE = """

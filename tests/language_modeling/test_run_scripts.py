@@ -10,60 +10,17 @@ import shutil
 import datasets
 import pytest
 import torch
+from helpers.scripts import TINY_BERT, TINY_GPT2, play_lines, tiny_flags
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 from transformers.utils import is_flash_attn_2_available
 
 from hf_layertie.data import LAMBADA_TEST_FILE
-from hf_layertie.data.embedded import SHAKESPEARE_DIR
 from hf_layertie.lambada.run import run_lambada
 from hf_layertie.language_modeling import CAUSAL_LM, MASKED_LM, run
 from hf_layertie.toolkit import load_text_datasets, tokenize_and_group
 
 # The fast tier (`python -m pytest -m "not e2e and not slow"`) leaves these out: the scripts run end to end.
 pytestmark = pytest.mark.e2e
-
-TINY_GPT2 = "n_layer=3,n_embd=16,n_head=2,n_positions=32"
-TINY_BERT = "num_hidden_layers=3,hidden_size=16,num_attention_heads=2,intermediate_size=32,max_position_embeddings=32"
-
-
-def play_lines(count, start=0):
-    lines = (SHAKESPEARE_DIR / "julius_caesar_gut.txt").read_text(encoding="utf-8").splitlines()
-    return "\n".join(line for line in lines[start : start + count] if line.strip())
-
-
-@pytest.fixture(scope="module")
-def text_files(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("text")
-    (folder / "train.txt").write_text(play_lines(400))
-    (folder / "validation.txt").write_text(play_lines(100, start=2000))
-    return folder
-
-
-def tiny_flags(output_dir, text_files, overrides, *extra):
-    """A 6-step run on a few hundred lines; DLT (the default strategy) decides every 2 steps."""
-    schedule = [] if "--tying_strategy" in extra else ["--tying_interval", "2"]
-    return [
-        "--train_file", str(text_files / "train.txt"),
-        "--validation_file", str(text_files / "validation.txt"),
-        "--config_overrides", overrides,
-        "--block_size", "32",
-        "--output_dir", str(output_dir),
-        "--do_train", "--do_eval",
-        "--max_steps", "6",
-        *schedule,
-        "--per_device_train_batch_size", "4",
-        "--max_eval_samples", "8",
-        "--report_to", "none",
-        "--disable_tqdm", "true",
-        *extra,
-    ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def clm_run(tmp_path_factory, text_files):
-    output_dir = tmp_path_factory.mktemp("clm")
-    metrics = run(CAUSAL_LM, tiny_flags(output_dir, text_files, TINY_GPT2))
-    return output_dir, metrics
 
 
 def test_run_clm_trains_evaluates_and_leaves_a_loadable_checkpoint_card_and_plot(clm_run):

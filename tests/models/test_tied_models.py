@@ -15,7 +15,22 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from conftest import EVERY_KIND, GPT2, LLAMA, TINY_GPT2, ModelKind, every_kind, make_tiny_gpt2_config, raw_tying_maps
+from helpers.models import (
+    EVERY_KIND,
+    GPT2,
+    INPUT_IDS,
+    LLAMA,
+    TINY_GPT2,
+    ModelKind,
+    assert_blocks_share_as,
+    block_parameters,
+    every_kind,
+    load_cleanly,
+    logits,
+    make_tiny_gpt2_config,
+    perturb_,
+    raw_tying_maps,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
@@ -28,8 +43,6 @@ from hf_layertie import TIED_MODELS, TiedGPT2LMHeadModel, TyingMap, parse_strate
 FEW = settings(max_examples=10, deadline=None)
 SOME = settings(max_examples=15, deadline=None)
 causal_kinds = pytest.mark.parametrize("kind", [kind for kind in EVERY_KIND if kind.causal], ids=lambda kind: kind.name)
-
-INPUT_IDS = torch.randint(1, TINY_GPT2["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(0))
 
 
 @st.composite
@@ -45,52 +58,12 @@ def map_pairs(draw, different_num_distinct: bool = False) -> tuple[TyingMap, Tyi
 # --- helpers -------------------------------------------------------------------------------------
 
 
-def block_parameters(model: PreTrainedModel, block: int) -> dict[str, nn.Parameter]:
-    return dict(model.tied_blocks[block].named_parameters(remove_duplicate=False))
-
-
-def assert_blocks_share_as(model: PreTrainedModel, tying_map) -> None:
-    """Tied blocks hold their root's very Parameter objects; independent blocks share no Parameter or storage."""
-    tying_map = TyingMap(tying_map)
-    assert model.tying_map == tying_map
-    assert model.config.tying_map in (None, tying_map.to_list())
-    for block, root in enumerate(tying_map):
-        own, roots = block_parameters(model, block), block_parameters(model, root)
-        assert own.keys() == roots.keys()
-        assert all(own[name] is roots[name] for name in own), f"block {block} does not share block {root}'s Parameters"
-    storages = [
-        {parameter.data_ptr() for parameter in block_parameters(model, block).values()}
-        for block in tying_map.independent_blocks
-    ]
-    assert sum(map(len, storages)) == len(set().union(*storages)), "independent blocks share storage"
-
-
-def logits(model: PreTrainedModel) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=INPUT_IDS).logits
-
-
-def load_cleanly(model_class: type[PreTrainedModel], directory: Path, **load_kwargs) -> PreTrainedModel:
-    """Load and check that transformers found every weight it expected (nothing re-initialised or dropped)."""
-    model, loading_info = model_class.from_pretrained(directory, output_loading_info=True, **load_kwargs)
-    assert not any(loading_info.values()), loading_info
-    return model.eval()
-
-
 def assert_round_trips(model: PreTrainedModel, directory: Path) -> PreTrainedModel:
     model.save_pretrained(directory)
     reloaded = load_cleanly(type(model), directory)
     assert torch.equal(logits(reloaded), logits(model))
     assert_blocks_share_as(reloaded, model.tying_map)
     return reloaded
-
-
-def perturb_(model: PreTrainedModel, seed: int) -> None:
-    """Move every weight away from its initial value, so copies of stale weights would show."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.1)
 
 
 def block_numel(model: PreTrainedModel, blocks_path: str) -> int:
@@ -227,7 +200,7 @@ def test_untied_word_embeddings_still_restore_block_ties(kind, tmp_path):
 
 # --- building from a config: only the distinct blocks are materialised ----------------------------
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 @pytest.mark.e2e  # a fresh process per build, measured

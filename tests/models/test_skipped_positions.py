@@ -3,7 +3,7 @@ a skipped position is the identity, and the model computes as the shorter model 
 
 import pytest
 import torch
-from conftest import GPT2, LLAMA, MISTRAL, QWEN2
+from helpers.models import GPT2, LLAMA, MISTRAL, QWEN2
 
 CAUSAL_KINDS = pytest.mark.parametrize("kind", [GPT2, LLAMA, QWEN2, MISTRAL], ids=lambda kind: kind.name)
 PROMPT = torch.tensor([[5, 9, 2, 7, 11, 3]])

@@ -4,10 +4,18 @@ block untied by a decision its own weights from the start of training back."""
 
 import pytest
 import torch
-from conftest import GPT2, LLAMA, every_kind
-from test_run_scripts import clm_run, text_files, tiny_flags  # noqa: F401 (fixtures)
-from test_tied_models import assert_blocks_share_as, block_parameters, load_cleanly, logits, perturb_
-from test_tying_trainer import OptimizerMatchesModel, make_trainer, tiny_model, tying_args
+from helpers.models import (
+    GPT2,
+    LLAMA,
+    assert_blocks_share_as,
+    block_parameters,
+    every_kind,
+    load_cleanly,
+    logits,
+    perturb_,
+)
+from helpers.scripts import tiny_flags
+from helpers.training import OptimizerMatchesModel, make_trainer, tiny_model, tying_args
 from transformers import AutoModelForCausalLM, AutoTokenizer, OPTConfig, OPTForCausalLM
 
 from hf_layertie import TyingMap
@@ -76,7 +84,6 @@ def test_a_checkpoint_converted_with_mean_is_regrouped_from_its_roots_unless_tol
     for tie_init, expected in (("mean", by_mean), ("root", by_root)):
         asked = GPT2.tied_class.config_class.from_pretrained(tmp_path / "converted", tying_map=[0, 0, 0, 3], tie_init=tie_init)
         assert torch.equal(logits(load_cleanly(GPT2.tied_class, tmp_path / "converted", config=asked)), logits(expected))
-
 
 
 def test_retie_refuses_an_unknown_tie_init():
@@ -161,16 +168,6 @@ def test_conversion_settings_are_checked_naming_the_setting(tmp_path, overrides,
 
 
 # ----- the workflow from run_clm.py -----
-
-
-@pytest.fixture(scope="module")
-def trained_plain_checkpoint(tmp_path_factory, clm_run):
-    """A trained plain GPT-2 of 3 blocks with its tokenizer: the tied test run's model exported by `to_untied()`."""
-
-    folder = tmp_path_factory.mktemp("plain")
-    AutoModelForCausalLM.from_pretrained(clm_run[0]).to_untied().save_pretrained(folder)
-    AutoTokenizer.from_pretrained(clm_run[0]).save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")

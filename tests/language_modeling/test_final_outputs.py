@@ -11,7 +11,7 @@ import sys
 import datasets
 import pytest
 import torch
-from conftest import GPT2
+from helpers.models import GPT2
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
 
 from hf_layertie import TyingTrainer, TyingTrainingArguments

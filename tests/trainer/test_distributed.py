@@ -1,41 +1,16 @@
 """Two gloo processes on CPU, launched exactly as the README tells users: ranks stay identical through re-ties."""
 
 import json
-import os
-import socket
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from helpers.processes import REPO, launch
 
 from hf_layertie.data.embedded import SHAKESPEARE_DIR
 
 # The fast tier (`python -m pytest -m "not e2e and not slow"`) leaves these out: several processes train end to end.
 pytestmark = pytest.mark.e2e
-
-REPO = Path(__file__).resolve().parents[1]
-# The README's command for a CPU-only machine (`accelerate launch ...`), run by this Python, so that the suite
-# passes however it is invoked (a virtual environment that is not activated has no `accelerate` on PATH); `launch`
-# adds a free port.
-LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
-
-
-def free_port() -> int:
-    """A port no process listens on: the suite runs in two pytest workers (pyproject.toml), so two launches may
-    start at once, and on accelerate's default port the second would find the first's."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def launch(script_and_args, cwd):
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    command = [*LAUNCH, "--main_process_port", str(free_port()), *script_and_args]
-    completed = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    return completed
 
 
 @pytest.mark.parametrize("model_name, loop_lr", [("gpt2", []), ("llama", ["1.0"])])

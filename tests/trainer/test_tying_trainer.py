@@ -12,57 +12,17 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 import transformers
-from conftest import every_kind, make_tiny_gpt2_config
+from helpers.models import every_kind
+from helpers.training import OptimizerMatchesModel, make_trainer, tiny_model, token_dataset, torch_optimizer, tying_args
 from safetensors.torch import load_file
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
 
-from hf_layertie import TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
+from hf_layertie import TyingTrainer, TyingTrainingArguments
 from hf_layertie.decisions import Decision, Observation, SimilarityDecisions
 from hf_layertie.dlt import PaperAgent
 from hf_layertie.models import TyingMap
 from hf_layertie.trainer import TYING_HISTORY_NAME, TYING_PLOT_NAME, TYING_STATE_NAME, finished_training_step
 from hf_layertie.trainer.checkpoint_format import TYING_STATE_FORMAT_VERSION, last_complete_checkpoint
-
-
-def tiny_model(num_blocks=4, seed=0):
-    torch.manual_seed(seed)
-    return TiedGPT2LMHeadModel(make_tiny_gpt2_config(num_blocks=num_blocks, n_embd=32))
-
-
-def token_dataset(rows=64, length=16, seed=1):
-    ids = torch.randint(0, 100, (rows, length), generator=torch.Generator().manual_seed(seed)).tolist()
-    return datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
-
-
-def tying_args(output_dir, **overrides):
-    """Arguments of a short test run; `dlt` and `random` decide every 2 steps unless told otherwise."""
-    dynamic = overrides.get("tying_strategy", "dlt") in ("dlt", "random")
-    settings = dict(
-        output_dir=str(output_dir),
-        max_steps=24,
-        **({"tying_interval": 2} if dynamic else {}),
-        per_device_train_batch_size=4,
-        learning_rate=1e-3,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        logging_steps=4,
-        seed=0,
-    )
-    return TyingTrainingArguments(**{**settings, **overrides})
-
-
-def make_trainer(output_dir, model=None, callbacks=(), model_card_kwargs=None, **overrides):
-    data = token_dataset()
-    return TyingTrainer(
-        model=model if model is not None else tiny_model(),
-        args=tying_args(output_dir, **overrides),
-        train_dataset=data,
-        eval_dataset=data.select(range(8)),
-        callbacks=list(callbacks),
-        model_card_kwargs=model_card_kwargs,
-    )
 
 
 @every_kind
@@ -93,34 +53,6 @@ def test_the_trainer_reports_the_mean_loss_of_the_tokens_the_model_scores(tmp_pa
     by_hand = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100).item()
     assert eval_loss == pytest.approx(by_hand, rel=1e-5)
     assert train_loss == pytest.approx(by_hand, rel=1e-5)
-
-
-def torch_optimizer(trainer):
-    return getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-
-
-class OptimizerMatchesModel(TrainerCallback):
-    """Before every optimizer step (so after every re-tie): groups hold exactly the distinct trainable
-    Parameters and no state is left for a vanished one; after it: every Parameter has state."""
-
-    def __init__(self):
-        self.trainer = None
-        self.checked_steps = 0
-
-    def _distinct_trainable(self):
-        return {id(parameter) for parameter in self.trainer.model.parameters() if parameter.requires_grad}
-
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        optimizer = torch_optimizer(self.trainer)
-        in_groups = [id(parameter) for group in optimizer.param_groups for parameter in group["params"]]
-        assert len(in_groups) == len(set(in_groups)), "a Parameter appears twice in the optimizer"
-        assert set(in_groups) == self._distinct_trainable(), f"optimizer groups differ from the model at step {state.global_step}"
-        assert {id(parameter) for parameter in optimizer.state} <= set(in_groups), "state left for a vanished Parameter"
-
-    def on_step_end(self, args, state, control, **kwargs):
-        optimizer = torch_optimizer(self.trainer)
-        assert {id(parameter) for parameter in optimizer.state} == self._distinct_trainable()
-        self.checked_steps += 1
 
 
 def assert_records_close(records, expected):
@@ -646,7 +578,7 @@ def test_a_finite_loss_with_a_non_finite_gradient_stops_training_before_its_upda
 
 @pytest.mark.slow
 def test_a_non_finite_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path):
-    from test_distributed import REPO, launch
+    from helpers.processes import REPO, launch
 
     launch([str(REPO / "tests" / "scripts" / "ddp_nan_run.py"), str(tmp_path)], cwd=tmp_path)
     for rank in (0, 1):
@@ -658,7 +590,7 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("failing, step", [("decide", 2), ("finish", 8)])
 def test_a_strategy_failing_on_the_main_process_stops_the_other_ranks_under_a_bare_launch(tmp_path, failing, step):
-    from test_distributed import REPO, free_port
+    from helpers.processes import REPO, free_port
 
     script = REPO / "tests" / "scripts" / "ddp_decision_failure_run.py"
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",

@@ -2,9 +2,7 @@
 exact resume across the switch, and the settings' refusals."""
 
 import pytest
-import torch
-from safetensors.torch import load_file
-from test_tying_trainer import make_trainer, tiny_model
+from helpers.training import assert_resuming_equals_the_uninterrupted_run, make_trainer, tiny_model
 
 from hf_layertie import TyingTrainingArguments
 from hf_layertie.models import TyingMap
@@ -53,18 +51,6 @@ def test_repeated_positions_compute_from_the_step_their_schedule_says(tmp_path, 
     for position, first in computed_from.items():
         assert sorted(set(calls[position].steps)) == list(range(first, 6)), (position, calls[position].steps)
     assert trainer.model.config.skipped_positions is None  # the trained model computes every position
-
-
-def assert_resuming_equals_the_uninterrupted_run(tmp_path, settings: dict, resume_step: int, trained: bool = False) -> None:
-    """Train `settings` whole into tmp_path/whole (unless `trained` there already), train them again from checkpoint
-    `resume_step`: the final weights are equal."""
-    if not trained:
-        make_trainer(tmp_path / "whole", **settings).train()
-    resumed = make_trainer(tmp_path / "resumed", **settings)
-    resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / f"checkpoint-{resume_step}"))
-    whole = load_file(tmp_path / "whole" / f"checkpoint-{settings['max_steps']}" / "model.safetensors")
-    again = resumed.model.state_dict()
-    assert all(torch.equal(again[name], tensor) for name, tensor in whole.items())
 
 
 def test_a_run_resumed_before_the_switch_equals_the_uninterrupted_run(tmp_path):

@@ -9,8 +9,8 @@ which takes minutes on a loaded 2-core machine. One DLT run of a tiny TiedGPT2 (
 
 import pytest
 import torch
-from conftest import make_tiny_gpt2_config
-from test_tying_trainer import token_dataset, tying_args
+from helpers.models import make_tiny_gpt2_config
+from helpers.training import token_dataset, tying_args
 from torch._dynamo.eval_frame import OptimizedModule
 from torch._dynamo.utils import counters
 from transformers import TrainerCallback

@@ -11,11 +11,18 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from conftest import BERT, GPT2, LLAMA, MISTRAL, QWEN2, make_tiny_gpt2_config
+from helpers.models import BERT, GPT2, LLAMA, MISTRAL, QWEN2
+from helpers.processes import REPO, launch
+from helpers.scripts import tiny_flags
+from helpers.training import (
+    OptimizerMatchesModel,
+    mix_by_hand,
+    student_model,
+    token_dataset,
+    tying_args,
+    without_dropout,
+)
 from safetensors.torch import load_file
-from test_distributed import REPO, launch
-from test_run_scripts import text_files, tiny_flags  # noqa: F401 (fixture)
-from test_tying_trainer import OptimizerMatchesModel, token_dataset, tying_args
 from transformers import AutoTokenizer, HfArgumentParser
 
 from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
@@ -28,11 +35,6 @@ from hf_layertie.trainer.distillation import distillation_loss
 from hf_layertie.trainer.training_args import DISTILLATION_SETTINGS
 
 CAUSAL_KINDS = pytest.mark.parametrize("kind", [GPT2, LLAMA, QWEN2, MISTRAL], ids=lambda kind: kind.name)
-
-
-def student_model(seed=0, **overrides):
-    torch.manual_seed(seed)
-    return TiedGPT2LMHeadModel(make_tiny_gpt2_config(num_blocks=4, n_embd=32, **overrides))
 
 
 @pytest.fixture(scope="module")
@@ -48,24 +50,6 @@ def distilled_trainer(output_dir, teacher, **overrides):
     settings = dict(tying_strategy="static:cycle:2", max_steps=8, distill_from=None if teacher is None else str(teacher))
     args = tying_args(output_dir, **{**settings, **overrides})
     return TyingTrainer(model=student_model(), args=args, train_dataset=token_dataset())
-
-
-def without_dropout(model):
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    return model
-
-
-def mix_by_hand(student_logits, teacher_logits, labels, temperature, alpha):
-    """The loss of Hinton et al. written out, over the scored positions (shifted, not -100); and the CE alone."""
-    targets = labels[:, 1:]
-    scored = targets != -100
-    s, t = student_logits[:, :-1][scored].double(), teacher_logits[:, :-1][scored].double()
-    cross_entropy = -torch.log_softmax(s, -1).gather(1, targets[scored][:, None]).mean()
-    p_teacher = torch.softmax(t / temperature, -1)
-    kl = (p_teacher * (torch.log(p_teacher) - torch.log_softmax(s / temperature, -1))).sum(-1).mean()
-    return ((1 - alpha) * cross_entropy + alpha * temperature**2 * kl).item(), cross_entropy.item()
 
 
 @CAUSAL_KINDS
@@ -301,7 +285,7 @@ def trained_teacher(tmp_path_factory):
     return folder
 
 
-def test_run_clm_converts_and_distils_a_trained_model_and_its_card_names_the_teacher(tmp_path, text_files, trained_teacher):  # noqa: F811
+def test_run_clm_converts_and_distils_a_trained_model_and_its_card_names_the_teacher(tmp_path, text_files, trained_teacher):
     flags = tiny_flags(tmp_path, text_files, "unused", "--tying_strategy", "static:sequence:2", "--tie_init", "mean")
     at = flags.index("--config_overrides")
     del flags[at : at + 2]  # the model is the trained one

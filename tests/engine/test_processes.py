@@ -2,7 +2,7 @@
 gloo processes (torchrun) agree on each, a failure on one rank raising on both."""
 
 import pytest
-from test_sharding import run_on_two_ranks
+from helpers.processes import run_on_two_ranks
 
 from hf_layertie.engine import AcceleratorProcesses, DistributedProcesses, Processes
 
