@@ -18,10 +18,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .compress_settings import PRESETS, UPTRAINING_STEPS, CompressSettings, Row, row_dir  # noqa: E402
-from .markdown_tables import MIB, estimate  # noqa: E402
+from .markdown_tables import MIB  # noqa: E402
 from .provenance import source_lines  # noqa: E402
 from .report import accuracy_summary, interval, paired_difference, process_peak_name, verdict_cell  # noqa: E402
 from .scheduling import write_whole  # noqa: E402
+from .templates import render  # noqa: E402
 
 COLUMN_NAMES = {"best_small": "vs best small", "best_small_same_steps": "same steps"}  # the report's columns
 
@@ -249,118 +250,34 @@ def _command(settings: CompressSettings) -> str:
 
 
 def _markdown(settings: CompressSettings, summary: dict, records: list[dict]) -> str:
+    """The compression study's page (bench/templates/compress.md.jinja)."""
     teachers: dict[tuple[str, int], list[float]] = {}  # a seed's teacher losses, in the order the rows read them
     for run in records:
         if run.get("teacher_test_loss") is not None:
             losses = teachers.setdefault((run.get("model_type", "tied_gpt2").removeprefix("tied_"), run["seed"]), [])
             losses += [] if run["teacher_test_loss"] in losses else [run["teacher_test_loss"]]
-    lines = [
-        "# Compressing a trained model by tying: the measured comparison",
-        "",
-        f"`{_command(settings)}` (settings: {json.dumps(json.loads(settings.fingerprint()))}). GPT-2 of "
-        f"{settings.n_layer} x {settings.n_embd} trained {settings.teacher_steps} steps (the teacher), then every row "
-        f"{settings.uptrain_steps} uptraining steps of {settings.batch_size} x {settings.block_size} tokens at most "
-        f"{settings.distinct_blocks} blocks owning weights (the ceiling keeps all {settings.n_layer}; the rows marked "
-        f"\"teacher + uptraining steps\" train {settings.teacher_steps + settings.uptrain_steps} steps). "
-        + (f"Task `{settings.task}`: test loss in nats per labelled token and accuracy on its test split" if settings.task
-           else "Test loss in nats per token on the study's four test plays")
-        + "; 95% t-intervals over seeds; differences paired by seed against the best small rows of the same family, "
-        "of all and of the row's own steps (below). "
-        + _distill_words(records)
-        + f"Memory in MiB: training state (parameters, gradients, AdamW state) and the process's {process_peak_name(records)}. "
-        + ("" if settings.task else "Llama rows: the same path from a plain `LlamaForCausalLM` teacher, seed 0 alone "
-           "(the workflow, not a comparison). ")
-        + "Export: the largest logit difference between the trained model and its `to_untied()` export "
-        "loaded by stock transformers (blank: measured before the column existed).",
-        "",
-        *_best_small_lines(settings, summary),
-        "",
-        "Teacher test loss by seed before uptraining: "
-        + ", ".join(f"{family} seed {seed}: {' then '.join(f'{loss:.3f}' for loss in losses)}" for (family, seed), losses in sorted(teachers.items()))
-        + (
-            " (more than one value: the teacher was trained again, its weights being kept out of git; each record names "
-            "the loss of the teacher it read, `teacher_test_loss`, and a paired difference leaves out the seeds where "
-            "the row and its baseline read different teachers, saying how many)" if any(len(losses) > 1 for losses in teachers.values()) else ""
-        ),
-        "",
-        "| row | seeds | test loss | vs best small | vs best small, same steps | distinct blocks, peak | state MiB | process MiB | train s | export |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for label, row in summary["rows"].items():
-        versus = " | ".join(_versus_cell(row, key) for key in ("best_small", "best_small_same_steps"))
-        lines.append(
-            f"| {label} | {len(row['seeds'])} | {estimate(row['test_loss'], row['test_loss_half_width'])} | {versus} | "
-            f"{row['distinct_peak']} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} | {row['train_seconds']:.0f} | "
-            f"{_export_cell(row['export_logit_difference'])} |"
-        )
-    if summary["not_run"]:
-        lines += ["", f"Rows of the plan with no finished run, so not in the table: {'; '.join(summary['not_run'])}."]
-    lines += _accuracy_lines(summary["rows"])
-    lines += _distillation_lines(summary["rows"])
-    lines += source_lines(records) + [""]
-    return "\n".join(lines)
-
-
-def _best_small_lines(settings: CompressSettings, summary: dict) -> list[str]:
-    """Which rows competed for "best small" in each family, and the one chosen."""
-    lines = [
-        f"Best small: of the ways to get {settings.distinct_blocks} untied blocks without tying (from scratch, or cut "
-        "from the teacher: its first blocks or those similarity keeps; distilled or not), the best on mean validation "
-        "loss, per family:",
-        "",
-    ]
-    for family, label in summary["best_small"].items():
-        name = family.removeprefix("tied_").replace("gpt2", "GPT-2").replace("llama", "Llama")
-        if label is None:
-            lines.append(f"- {name}: none finished yet")
-            continue
-        others = [other for other in summary["small_candidates"][family] if other != label]
-        waiting = summary["small_not_competing"][family]
-        lines.append(
-            f"- {name}: **{label}**"
-            + (f", against {'; '.join(others)}" if others else ", the only candidate")
-            + (f". Not run, or not finished on every seed, so not yet competing: {'; '.join(waiting)}" if waiting else "")
-        )
-        by_steps = [f"{steps}: {best}" for steps, best in summary["best_small_by_steps"][family].items() if best is not None]
-        lines.append(f"  - Best small of the same steps (the column \"same steps\"), {'; '.join(by_steps)}")
-    return lines
-
-
-def _distill_words(records: list[dict]) -> str:
-    """The distilled rows' settings and the teacher memory they hold beside their training state."""
-    distilled = [run for run in records if run.get("distill")]
-    if not distilled:
-        return ""
-    settings = sorted({(run["distill"]["temperature"], run["distill"]["alpha"]) for run in distilled})
-    teacher_mib = sorted({round(run["teacher_parameters_mib"], 2) for run in distilled if run.get("teacher_parameters_mib") is not None})
-    return (
-        "Rows ending `, distilled`: trained with knowledge distillation from their seed's teacher (`distill_from`; "
-        + ", ".join(f"temperature {temperature:g}, KL weight {alpha:.3g}" for temperature, alpha in settings)
-        + "), whose frozen parameters"
-        + (f" ({' / '.join(f'{mib:.2f}' for mib in teacher_mib)} MiB)" if teacher_mib else "")
-        + " are held beside the training state: in the process peak, not in the state column. "
+    # The distilled rows' settings and the teacher memory they hold beside their training state.
+    distilled_runs = [run for run in records if run.get("distill")]
+    distilled = {label: row for label, row in summary["rows"].items() if row.get("versus_undistilled") is not None}
+    return render(
+        "compress.md.jinja",
+        settings=settings,
+        command=_command(settings),
+        fingerprint=json.dumps(json.loads(settings.fingerprint())),
+        distill_settings=sorted({(run["distill"]["temperature"], run["distill"]["alpha"]) for run in distilled_runs}),
+        teacher_mib=sorted({round(run["teacher_parameters_mib"], 2) for run in distilled_runs if run.get("teacher_parameters_mib") is not None}),
+        process_peak=process_peak_name(records),
+        summary=summary,
+        teachers=sorted(teachers.items()),
+        retrained=any(len(losses) > 1 for losses in teachers.values()),
+        accuracy={label: row for label, row in summary["rows"].items() if "mean_accuracy" in row},
+        distilled=distilled,
+        on_task=any("accuracy_versus_undistilled" in row for row in distilled.values()),
+        versus_cell=_versus_cell,
+        export_cell=_export_cell,
+        verdict_cell=verdict_cell,
+        sources="\n".join(source_lines(records)[1:]),  # less the blank line that opens them: the page has it
     )
-
-
-def _accuracy_lines(rows: dict[str, dict]) -> list[str]:
-    """On a task: test accuracy per hop count and its mean over hop counts, paired against the best small row."""
-    measured = {label: row for label, row in rows.items() if "mean_accuracy" in row}
-    if not measured:
-        return []
-    hops = list(next(iter(measured.values()))["accuracy_by_hops"])
-    lines = [
-        "",
-        "Test accuracy per hop count, its mean over hop counts, and the paired differences of that mean against the "
-        "best small rows (positive: more accurate):",
-        "",
-        "| row | " + " | ".join(f"{hop} hops" for hop in hops) + " | mean | vs best small | vs best small, same steps |",
-        "|---|" + "---|" * len(hops) + "---|---|---|",
-    ]
-    for label, row in measured.items():
-        versus = " | ".join(_versus_cell(row, key, prefix="accuracy_") for key in ("best_small", "best_small_same_steps"))
-        cells = " | ".join(estimate(*row["accuracy_by_hops"][hop]) for hop in hops)
-        lines.append(f"| {label} | {cells} | {estimate(*row['mean_accuracy'])} | {versus} |")
-    return lines
 
 
 def _versus_cell(row: dict, key: str, prefix: str = "") -> str:
@@ -369,26 +286,6 @@ def _versus_cell(row: dict, key: str, prefix: str = "") -> str:
     cell = verdict_cell(row.get(f"{prefix}versus_{key}"))
     substitute = row.get("paired_instead_with", {}).get(COLUMN_NAMES[key])
     return f"{cell}, against {substitute} (the family's baseline read another teacher)" if substitute and cell else cell
-
-
-def _distillation_lines(rows: dict[str, dict]) -> list[str]:
-    """Each distilled row against the same row undistilled, paired on the seeds where both read one teacher."""
-    distilled = {label: row for label, row in rows.items() if row.get("versus_undistilled") is not None}
-    if not distilled:
-        return []
-    on_task = any("accuracy_versus_undistilled" in row for row in distilled.values())
-    lines = [
-        "",
-        "What distillation changed: each distilled row minus the same row undistilled, paired by seed where both read "
-        "one teacher (a distilled row whose twin read another teacher is not paired, and says so):",
-        "",
-        "| row | test loss |" + (" mean accuracy |" if on_task else ""),
-        "|---|---|" + ("---|" if on_task else ""),
-    ]
-    for label, row in distilled.items():
-        cells = [verdict_cell(row["versus_undistilled"])] + ([verdict_cell(row.get("accuracy_versus_undistilled"))] if on_task else [])
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
 
 
 def _export_cell(difference: float) -> str:

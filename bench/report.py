@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from .markdown_tables import MIB, difference_cell, estimate, seeds_text  # noqa: E402
+from .markdown_tables import MIB, seeds_text  # noqa: E402
 from .markdown_tables import verdict_cell as _plain_verdict_cell  # noqa: E402
 from .measure import evaluation_coverage  # noqa: E402
 from .provenance import hardware, source, source_lines  # noqa: E402
@@ -44,6 +44,7 @@ from .settings import (  # noqa: E402
     runs_after,
     untied_label,
 )
+from .templates import render  # noqa: E402
 
 
 def load_result(run_dir: Path) -> dict:
@@ -329,24 +330,6 @@ def static_candidates(settings: BenchSettings) -> list[str]:
     return [f"{layout} @ {where}" for layout in STATIC_LAYOUTS]
 
 
-def _best_static_words(settings: BenchSettings, best: str | None) -> str:
-    where = "the budget" if settings.recipe_rows else "DLT's final budget"
-    return (
-        f"Best static layout at {where} (chosen on validation loss): {_layout_name(best)}; compared only with runs "
-        "that ended at its number of distinct blocks in every seed."
-    )
-
-
-def _layout_name(label: str | None) -> str:
-    """The best fixed layout's label, or what a report says while none has finished in every seed."""
-    return label or "none finished yet"
-
-
-def _cell(difference: dict | None) -> str:
-    """A paired difference, saying the seeds it could not pair (a row's seeds count shows the row's, not the pair's)."""
-    return "" if difference is None else difference_cell(difference)
-
-
 PROCESS_PEAK_NAMES = {"cuda_max_memory_allocated": "peak CUDA allocated", "cpu_vm_hwm": "peak RSS", "cpu_max_rss_bytes_macos": "peak RSS"}
 
 
@@ -398,181 +381,57 @@ def write_report(settings: BenchSettings, output: Path, tuning: dict | None = No
 
 
 def _markdown(settings: BenchSettings, payload: dict) -> str:
+    """The study's page (bench/templates/study.md.jinja) from a report's payload."""
     study = _distinct_runs(payload["runs"])
-    rows, best = payload["rows"], payload["best_static_at_final_budget"]
-    bigram = payload["baselines"]["bigram_test_loss"]
-    lines = [
-        f"Model: TiedGPT2, {settings.n_layer} blocks x {settings.n_embd} ({settings.n_head} heads), context {settings.block_size}, "
-        f"{_data_words(settings)}; {_length_words(settings)}, "
-        f"{_recipe_words(settings, payload['learning_rates'])}, k = {settings.tying_interval}; budget U = {settings.max_distinct_blocks} "
-        f"distinct blocks for dlt, random and similarity. Hardware: {payload['hardware']}.",
-        "",
-        _test_loss_words(settings, bigram) + _best_static_words(settings, best) + _frozen_recipe_words(settings),
-        "",
-        f"`{untied_label(settings)}` is conventional training of a model with as many blocks as the budget: the same "
-        f"parameters, gradients and optimizer state as a tied model with U distinct blocks. Memory in MiB. {_time_words(settings)}",
-        "",
-        f"| strategy | seeds | test loss | ppl | distinct final / mean / peak | {' | '.join(STUDY_CONTRASTS.values())} | peak state MiB | "
-        + process_peak_name(study) + " MiB | train s | agent time |",
-        "|---|---|---|---|---|" + "---|" * len(STUDY_CONTRASTS) + "---|---|---|---|",
-    ]
-    for label, row in rows.items():
-        twin = row["same_runs_as"]
-        if twin is not None:  # e.g. DLT's mean budget rounds to its final one in every seed
-            lines.append(f"| {label} | {len(row['seeds'])} | the same runs as {twin} |" + " |" * 10)
-            continue
-        versus = " | ".join(_cell(row["versus"].get(name)) for name in STUDY_CONTRASTS)
-        lines.append(
-            f"| {label} | {len(row['seeds'])} | {estimate(row['test_loss'], row['test_loss_half_width'])} | {row['test_perplexity']:.1f} "
-            f"| {row['distinct_final']:.1f} / {row['distinct_mean']:.1f} / {row['distinct_peak']} "
-            f"| {versus} | {row['peak_state_mib']:.2f} | {row['peak_process_mib']:.0f} "
-            f"| {row['train_seconds']:.0f} | {100 * row['agent_overhead']:.1f}% |"
-        )
-    lines += _accuracy_lines(rows)
-    lines += _selection_lines(settings, payload)
-    if payload["learning_rates"]:
-        lines += _learning_rate_lines(payload["learning_rates"])
-    lines += ["", "Paired verdicts (test loss" + (" and mean accuracy" if settings.task else "") + ", 95% interval):", ""]
-    lines += _verdict_lines(settings, rows, lambda row: row["versus"], lambda row: (row["accuracy"] or {}).get("versus", {}))
-    if settings.eval_interval:
-        lines += ["", "Paired verdicts at each run's best-validation step (the paper's model selection):", ""]
-        lines += _verdict_lines(settings, rows, lambda row: (row["selected"] or {}).get("versus", {}), lambda row: {})
-    lines += _overhead_lines(payload["runs"].get("dlt", {}))
-    lines += _memory_lines(payload["memory_summary"], payload["memory"])
+    rows = payload["rows"]
     memory = [run | {"label": f"memory: {_memory_row_name(settings, run)}{', checkpointing' if checkpointed(run) else ''}"} for run in payload["memory"]]
-    lines += source_lines(study + memory)
-    return "\n".join(lines) + "\n"
+    checked = sorted({row["selected"].get("budget_checked_at", "final map") for row in rows.values() if row["selected"]})
+    return render(
+        "study.md.jinja",
+        **_page_context(settings, payload, study + memory),
+        best_static=payload["best_static_at_final_budget"],
+        best_static_selected=payload["best_static_at_best_validation"],
+        recipe_report=RECIPE_REPORT.relative_to(REPO_ROOT).with_suffix(".md").as_posix(),
+        untied=untied_label(settings),
+        contrasts=STUDY_CONTRASTS,
+        process_peak=process_peak_name(study),
+        checked_at_selected_step=checked == ["selected step"],
+        verdicts=_verdicts(settings, rows, lambda row: row["versus"], lambda row: (row["accuracy"] or {}).get("versus", {})),
+        selected_verdicts=_verdicts(settings, rows, lambda row: (row["selected"] or {}).get("versus", {}), lambda row: {}),
+        agent_parts=_agent_parts(payload["runs"].get("dlt", {})),
+        memory=payload["memory_summary"],
+        memory_peak=process_peak_name(payload["memory"]),
+    )
+
+
+def _page_context(settings: BenchSettings, payload: dict, records: list[dict]) -> dict:
+    """What every page of a study's report reads: the settings, the machine, the learning rates, the count bigram, what
+    the test split holds, the rows, their accuracy on a task, and where the runs (`records`) came from."""
+    return {
+        "settings": settings,
+        "hardware": payload["hardware"],
+        "tuning": payload["learning_rates"],
+        "bigram": payload["baselines"]["bigram_test_loss"],
+        "coverage": None if settings.task else evaluation_coverage("test", settings.block_size, settings.max_test_blocks),
+        "rows": payload["rows"],
+        "accuracy": {label: row["accuracy"] for label, row in payload["rows"].items() if row["accuracy"] and row["same_runs_as"] is None},
+        "equivalence_note": _equivalence_note,
+        "sources": "\n".join(source_lines(records)[1:]),  # less the blank line that opens them: the page has it
+    }
 
 
 def _partial_loop_markdown(settings: BenchSettings, payload: dict) -> str:
-    """Presets `partial` and `partial-depth`: every row at U distinct blocks, the untied model and the loops
-    (`partial_loop_runs`), with its paired differences from the untied model and, for a loop in the middle, from the
-    same loop at the start and at the end, in loss and, on a task, in mean accuracy; seconds per step beside quality,
-    as the looped models compute more."""
-    study = _distinct_runs(payload["runs"])
-    rows, untied, bigram = payload["rows"], untied_label(settings), payload["baselines"]["bigram_test_loss"]
-    lines = [
-        f"Model: TiedGPT2 of width {settings.n_embd} ({settings.n_head} heads), context {settings.block_size}, "
-        f"{_data_words(settings)}; {_length_words(settings)}, {_recipe_words(settings, payload['learning_rates'])}. "
-        f"Every row has U = {settings.max_distinct_blocks} distinct blocks, so the same parameters, gradients and "
-        f"optimizer state as `{untied}`; a loop applies them at more positions (its canonical map in the label: each "
-        f"position names the first position with its weights). Hardware: {payload['hardware']}.",
-        "",
-        _test_loss_words(settings, bigram)
-        + "s per step: training seconds over optimizer steps, mean over seeds (it counts whatever else the machine ran "
-        "meanwhile; `python bench/step_time.py` times the layouts side by side, into step_time.md beside this report).",
-        "",
-        f"| layout | seeds | test loss | {' | '.join(LOOP_CONTRASTS.values())} | positions | peak state MiB | train s | s per step |",
-        "|---|---|---|" + "---|" * len(LOOP_CONTRASTS) + "---|---|---|---|",
-    ]
-    for label, row in rows.items():
-        per_step = row["seconds_per_step"]
-        versus = " | ".join(_cell(row["versus"].get(name)) for name in LOOP_CONTRASTS)
-        lines.append(
-            f"| {label} | {len(row['seeds'])} | {estimate(row['test_loss'], row['test_loss_half_width'])} | {versus} "
-            f"| {row['positions']:.0f} | {row['peak_state_mib']:.2f} | {row['train_seconds']:.0f} | {'' if per_step is None else f'{per_step:.3f}'} |"
-        )
-    lines += _accuracy_lines(rows, LOOP_CONTRASTS, first="layout")
-    if payload["learning_rates"]:
-        lines += _learning_rate_lines(payload["learning_rates"])
-    lines += ["", "Paired verdicts (test loss" + (" and mean accuracy" if settings.task else "") + ", 95% interval):", ""]
-    for label, row in rows.items():
-        accuracy_versus = (row["accuracy"] or {}).get("versus", {})
-        for name, difference in row["versus"].items():
-            if difference is not None and name in LOOP_CONTRASTS:
-                lines.append(
-                    f"- {label} vs {untied if name == 'untied U' else name.replace('loop at', 'the same loop at the')}: {difference['verdict']} "
-                    f"({_in_words(difference)}{_equivalence_note(difference)})"
-                    + _accuracy_verdict(accuracy_versus.get(name))
-                )
-    lines += source_lines(study)
-    return "\n".join(lines) + "\n"
+    """Presets `partial` and `partial-depth`' page (bench/templates/partial_loops.md.jinja) from a report's payload."""
+    context = _page_context(settings, payload, _distinct_runs(payload["runs"]))
+    return render("partial_loops.md.jinja", **context, untied=untied_label(settings), contrasts=LOOP_CONTRASTS)
 
 
-def _time_words(settings: BenchSettings) -> str:
-    """What the time columns measure: the Trainer's `train_runtime`, which holds the evaluations made during
-    training, and the agent's share of it."""
-    evaluations = f", its evaluations every {settings.eval_interval} steps included" if settings.eval_interval else ""
-    return f"train s: the Trainer's training time{evaluations}; agent time: the share of it spent deciding and re-tying."
-
-
-def _frozen_recipe_words(settings: BenchSettings) -> str:
-    """How a `frozen_recipe` preset's schedule and weight decay were chosen (issue 53, part 2); nothing otherwise."""
-    if not settings.frozen_recipe:
-        return ""
-    chosen = RECIPE_REPORT.relative_to(REPO_ROOT).with_suffix(".md").as_posix()
-    return (
-        f" The schedule and weight decay are the recipe `bench/recipe_report.py` chose ({chosen}): the lowest mean "
-        "validation loss of the looped model and 2 untied blocks on seeds 0-4 of preset `recipe`, among four recipes, "
-        "frozen when this results folder was claimed; the seeds here played no part in the choice."
-    )
-
-
-def _data_words(settings: BenchSettings) -> str:
-    return f"task `{settings.task}`" if settings.task else "`shakespeare-bpe` (2,048 tokens)"
-
-
-def _test_loss_words(settings: BenchSettings, bigram: float | None) -> str:
-    """What the test loss is measured on and how it is summarised, and the count bigram's where there is one."""
-    return (
-        ("Test loss in nats per labelled token on the task's test split" if settings.task else
-         f"Test loss in nats per token on {evaluation_coverage('test', settings.block_size, settings.max_test_blocks)}")
-        + ", mean ± 95% interval over the row's seeds; differences are paired on the seeds both rows have (a cell "
-        + "pairing fewer than a row shows says so; negative: lower loss than the other). "
-        + ("" if bigram is None else f"Count bigram of the same tokenization: {bigram:.3f}. ")
-    )  # fmt: skip
-
-
-def _length_words(settings: BenchSettings) -> str:
-    steps = f"{settings.max_steps} steps x {settings.batch_size} x {settings.block_size} tokens"
-    if not settings.early_stopping_patience:
-        return steps
-    return (
-        f"up to {steps}, each run stopped once {settings.early_stopping_patience} evaluations in a row found no lower "
-        "validation loss (its `trained_steps` in results.json)"
-    )
-
-
-def _recipe_words(settings: BenchSettings, tuning: dict | None) -> str:
-    """e.g. 'AdamW lr 0.003 cosine, weight decay 0.1'."""
-    return f"AdamW {_rate_words(settings, tuning)} {settings.lr_scheduler_type}, weight decay {settings.weight_decay:g}"
-
-
-def _rate_words(settings: BenchSettings, tuning: dict | None) -> str:
-    if tuning is None:
-        return f"lr {settings.learning_rate:g}"
-    return f"at each strategy's chosen rate (the table of learning rates below; the preset's is {settings.learning_rate:g})"
-
-
-def _learning_rate_lines(tuning: dict) -> list[str]:
-    """The grid `--tune_learning_rates` ran: each strategy's validation loss at each rate, and its choice."""
-    rates, preset = [f"{rate:g}" for rate in tuning["grid"]], f"{tuning['preset_learning_rate']:g}"
-    at_preset = f" (at {preset})" if preset in rates else ""  # a grid without the preset's rate has no bracket to explain
-    lines = [
-        "",
-        f"Learning rates chosen on validation loss ({tuning['file']}, seed {tuning['seed']}; the preset's is {preset}; "
-        "- where a run has not finished: a strategy chooses once it has run at every rate; the test loss, of the model "
-        "each run selects, plays no part in the choice):",
-        "",
-        "| strategy | " + " | ".join(f"lr {rate}" for rate in rates) + f" | chosen | its test loss{at_preset} |",
-        "|---|" + "---|" * (len(rates) + 2),
-    ]
-    for label, by_rate in tuning["validation_loss"].items():
-        cells = " | ".join(f"{by_rate[rate]:.3f}" if rate in by_rate else "-" for rate in rates)
-        chosen = tuning["chosen"].get(label)
-        test = tuning["selected_test_loss"][label]
-        bracket = f" ({test[preset]:.3f})" if preset in test else ""
-        tested = f"{test[f'{chosen:g}']:.3f}{bracket}" if chosen is not None else "-"
-        lines.append(f"| {label} | {cells} | {'-' if chosen is None else f'{chosen:g}'} | {tested} |")
-    return lines
-
-
-def _verdict_lines(settings: BenchSettings, rows: dict[str, dict], differences, accuracy_differences) -> list[str]:
-    """One line per contrast that carries a conclusion, `differences(row)` giving a row's paired differences in loss
-    and `accuracy_differences(row)` the same in accuracy (on a task): the equal-memory model against full depth and
-    the best fixed layout (does depth, and tying, pay?); DLT, the paper's agent and the final maps of DLT, random
-    and similarity trained from scratch against every baseline (are learned maps better than random ones, and do the
-    maps or the moving between them cost?)."""
+def _verdicts(settings: BenchSettings, rows: dict[str, dict], differences, accuracy_differences) -> list[tuple]:
+    """(label, other label, difference, accuracy difference or None) for each contrast that carries a conclusion,
+    `differences(row)` giving a row's paired differences in loss and `accuracy_differences(row)` the same in accuracy
+    (on a task): the equal-memory model against full depth and the best fixed layout (does depth, and tying, pay?);
+    DLT, the paper's agent and the final maps of DLT, random and similarity trained from scratch against every
+    baseline (are learned maps better than random ones, and do the maps or the moving between them cost?)."""
     contrasts = {untied_label(settings): ("none", "best static")} | dict.fromkeys(
         ("dlt", "dlt (paper agent)", FINAL_MAP_LABEL, RANDOM_FINAL_MAP_LABEL, SIMILARITY_FINAL_MAP_LABEL)
     )
@@ -580,18 +439,15 @@ def _verdict_lines(settings: BenchSettings, rows: dict[str, dict], differences, 
         contrasts |= {"random": None} | {
             spec.label: ("untied U",) for spec in recipe_runs(settings, settings.seeds[0]) if spec.strategy.startswith("static:")
         }
-    lines = []
+    verdicts = []
     for label, names in contrasts.items():
         if label not in rows:
             continue
         accuracy_versus = accuracy_differences(rows[label])
         for name, difference in differences(rows[label]).items():
             if difference is not None and (names is None or name in names):
-                lines.append(
-                    f"- {label} vs {name}: {difference['verdict']} ({_in_words(difference)}"
-                    + _equivalence_note(difference) + ")" + _accuracy_verdict(accuracy_versus.get(name))
-                )
-    return lines
+                verdicts.append((label, name, difference, accuracy_versus.get(name)))
+    return verdicts
 
 
 def _equivalence_note(difference: dict) -> str:
@@ -599,73 +455,6 @@ def _equivalence_note(difference: dict) -> str:
         return ""
     shown = "shown" if difference["equivalent_within_margin"] else "not shown"
     return f"; {shown} to be within ±{EQUIVALENCE_MARGIN} nats"
-
-
-def _accuracy_verdict(difference: dict | None) -> str:
-    """On a task, the same contrast in mean accuracy (what the task is judged by; higher is better)."""
-    if difference is None:
-        return ""
-    verdict = {"higher": "more accurate", "lower": "less accurate"}.get(difference["verdict"], difference["verdict"])
-    return f"; accuracy: {verdict} ({estimate(difference['mean'], difference['half_width'], signed=True)})"
-
-
-def _in_words(difference: dict) -> str:
-    """A paired loss difference in a sentence: the estimate, then the seeds it paired and those it could not pair."""
-    left_out = f"; {difference['left_out_why']} on {difference['left_out']}" if difference.get("left_out") else ""
-    return f"{estimate(difference['mean'], difference['half_width'], signed=True)} nats, {seeds_text(difference['seeds'])}{left_out}"
-
-
-def _selection_lines(settings: BenchSettings, payload: dict) -> list[str]:
-    """With evaluations during training: the test loss at each run's best-validation step (the paper's selection;
-    a label whose runs are another's is left out)."""
-    if not settings.eval_interval:
-        return []
-    rows = payload["rows"]
-    checked = sorted({row["selected"].get("budget_checked_at", "final map") for row in rows.values() if row["selected"]})
-    lines = [
-        "",
-        f"Model selection as in the paper: validation and test loss every {settings.eval_interval} steps; each run's "
-        "test loss at its lowest validation loss (paired differences as above; best static layout: "
-        f"{_layout_name(payload['best_static_at_best_validation'])}, the lowest in mean best validation loss, compared "
-        "only with rows whose selected models had its distinct blocks"
-        + ("" if checked == ["selected step"] else ", counted on the final map where the records do not hold the selected step's")
-        + "). Validation curves and selected against last-step test losses: validation_over_steps.png.",
-        "",
-        f"| strategy | test loss at best validation | best / last step (mean) | {' | '.join(STUDY_CONTRASTS.values())} | vs dlt |",
-        "|---|---|---|" + "---|" * len(STUDY_CONTRASTS) + "---|",
-    ]
-    for label, row in rows.items():
-        selected = row["selected"]
-        if selected is None or row["same_runs_as"] is not None:
-            continue
-        versus = " | ".join(_cell(selected["versus"].get(name)) for name in [*STUDY_CONTRASTS, "dlt"])
-        lines.append(
-            f"| {label} | {estimate(selected['test_loss'], selected['test_loss_half_width'])} "
-            f"| {selected['best_validation_step']:.0f} / {selected['last_step']:.0f} | {versus} |"
-        )
-    return lines
-
-
-def _accuracy_lines(rows: dict[str, dict], contrasts: dict[str, str] = STUDY_CONTRASTS, first: str = "strategy") -> list[str]:
-    """On a task: test accuracy per hop count, and the paired differences of its mean over hop counts with the rows
-    `contrasts` names (name: column header; a label whose runs are another's is left out)."""
-    measured = {label: row["accuracy"] for label, row in rows.items() if row["accuracy"] and row["same_runs_as"] is None}
-    if not measured:
-        return []
-    hops = list(next(iter(measured.values()))["by_hops"])
-    lines = [
-        "",
-        "Test accuracy per hop count (every labelled position of the test split), its mean over hop counts, and the "
-        "paired differences of that mean (positive: more accurate than the other); see accuracy_by_hops.png.",
-        "",
-        f"| {first} | " + " | ".join(f"{hop} hops" for hop in hops) + " | mean | " + " | ".join(contrasts.values()) + " |",
-        "|---|" + "---|" * (len(hops) + 1 + len(contrasts)),
-    ]
-    for label, accuracy in measured.items():
-        cells = [estimate(*accuracy["by_hops"][hop]) for hop in hops] + [estimate(*accuracy["mean_accuracy"])]
-        cells += [_cell(accuracy["versus"].get(name)) for name in contrasts]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
 
 
 def _same_runs_as(label: str, runs: dict[str, dict[int, dict]]) -> str | None:
@@ -687,13 +476,11 @@ def _distinct_runs(table: dict[str, dict[int, dict]]) -> list[dict]:
     return list(unique.values())
 
 
-def _overhead_lines(dlt_runs: dict[int, dict]) -> list[str]:
-    if not dlt_runs:
-        return []
+def _agent_parts(dlt_runs: dict[int, dict]) -> list[tuple[str, float]]:
+    """DLT's agent time by part (deciding, re-tying...), each as its mean share of training time; none without runs."""
     runs = list(dlt_runs.values())
-    parts = runs[0]["tying_seconds"].keys()
-    cells = " | ".join(f"{part} {100 * statistics.fmean(run['tying_seconds'][part] / run['train_seconds'] for run in runs):.2f}%" for part in parts)
-    return ["", f"DLT's agent time by part, share of training time: {cells}."]
+    parts = runs[0]["tying_seconds"].keys() if runs else ()
+    return [(part, statistics.fmean(run["tying_seconds"][part] / run["train_seconds"] for run in runs)) for part in parts]
 
 
 def checkpointed(run: dict) -> bool:
@@ -741,32 +528,6 @@ def memory_summary(settings: BenchSettings, memory: list[dict]) -> dict[str, dic
             row["process_checkpointing_over_without"] = modes[True]["peak_process_bytes"] / modes[False]["peak_process_bytes"]
         rows[name] = row
     return rows
-
-
-def _memory_lines(summary: dict[str, dict], memory: list[dict]) -> list[str]:
-    """The memory table: each model's state and process peak without and with gradient checkpointing, side by side,
-    with the ratios `memory_summary` gives."""
-    if not summary:
-        return []
-    per_mode = (
-        ("state MiB", "peak_state_mib", ".1f"), ("state / none", "state_over_none", ".3f"),
-        (f"{process_peak_name(memory)} MiB", "peak_process_mib", ".0f"), ("peak / none", "process_over_none", ".3f"),
-    )  # fmt: skip
-    columns = [("distinct peak", "distinct_peak", "d")]
-    columns += [(title + mode, key + suffix, style) for suffix, mode in (("", ""), (CHECKPOINTING_SUFFIX, ", checkpointing")) for title, key, style in per_mode]
-    columns += [("peak, checkpointing / without", "process_checkpointing_over_without", ".3f"), ("retie ms", "retie_ms", ".2f")]
-    lines = [
-        "",
-        "Memory (one seed): peak training state (parameters + gradients + AdamW state, live tensors, peak over the run) "
-        "and process peak, without and with gradient checkpointing (transformers' `gradient_checkpointing`); ratios "
-        "over conventional training (`none`) at the same depth in the same mode (the untied model's: at the deepest).",
-        "",
-        "| model | " + " | ".join(title for title, _, _ in columns) + " |",
-        "|---|" + "---|" * len(columns),
-    ]
-    for name, row in summary.items():
-        lines.append(f"| {name} | " + " | ".join(format(row[key], style) if key in row else "" for _, key, style in columns) + " |")
-    return lines
 
 
 def _plot_quality(rows: dict[str, dict], bigram: float | None, path: Path, by_positions: bool = False) -> None:

@@ -1010,9 +1010,22 @@ def test_bad_compress_flags_are_named(flags, named):
         CompressArguments(**flags)
 
 
+def test_a_report_template_missing_a_value_fails_instead_of_printing_nothing():
+    """bench/templates: a value the page names but was not given (a renamed key, a context left out) is an error."""
+    import jinja2
+
+    from bench.templates import render
+
+    with pytest.raises(jinja2.UndefinedError, match="tuning"):
+        render("learning_rates.md.jinja")
+    with pytest.raises(jinja2.UndefinedError, match="max_grad_norm"):  # formatted by a filter: the same error
+        render("recipe.md.jinja", payload={"choice": {"recipe": None}}, sources="")
+
+
 def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss(tmp_path):
-    from bench.report import _learning_rate_lines, collect_study, read_learning_rates, write_learning_rates
+    from bench.report import collect_study, read_learning_rates, write_learning_rates
     from bench.settings import RunSpec, at_learning_rate, at_learning_rates, control_runs, runs_after
+    from bench.templates import render
 
     settings = resolve_settings(BenchArguments(preset="tiny"))  # its own rate: 3e-3
     grid = (1e-3, 3e-3, 1e-2)
@@ -1040,15 +1053,15 @@ def test_each_strategy_trains_at_the_learning_rate_chosen_on_its_validation_loss
     assert written["validation_loss"]["none"] == {"0.001": 4.4, "0.003": 4.2, "0.01": 4.9}
     tuned = read_learning_rates(tmp_path)
     assert tuned["grid"] == written["grid"] and tuned["file"] == str(tmp_path.resolve() / "learning_rates.json")
-    table = _learning_rate_lines(tuned)  # as the report shows the grid
-    assert table[1].startswith(f"Learning rates chosen on validation loss ({tuned['file']}, seed 0;")
+    table = render("learning_rates.md.jinja", tuning=tuned).splitlines()  # as the report shows the grid
+    assert table[0].startswith(f"Learning rates chosen on validation loss ({tuned['file']}, seed 0;")
     assert "| strategy | lr 0.001 | lr 0.003 | lr 0.01 | chosen | its test loss (at 0.003) |" in table
     assert "| none | 4.400 | 4.200 | 4.900 | 0.003 | 5.800 (5.800) |" in table
     assert "| dlt | 4.600 | 4.700 | 4.500 | 0.01 | 5.500 (5.300) |" in table
     assert "| dlt final map, from scratch | - | - | 4.000 | - | - |" in table
     # A grid without the preset's rate (a re-tuning around the chosen rate) has no bracketed loss to announce.
     narrowed_grid = {"grid": [1e-3, 1e-2], "validation_loss": {"none": {"0.001": 4.4, "0.01": 4.9}}, "chosen": {"none": 1e-3}}
-    narrowed = _learning_rate_lines(tuned | narrowed_grid | {"selected_test_loss": {"none": {"0.001": 5.6, "0.01": 5.1}}})
+    narrowed = render("learning_rates.md.jinja", tuning=tuned | narrowed_grid | {"selected_test_loss": {"none": {"0.001": 5.6, "0.01": 5.1}}}).splitlines()
     assert "| strategy | lr 0.001 | lr 0.01 | chosen | its test loss |" in narrowed
     assert "| none | 4.400 | 4.900 | 0.001 | 5.600 |" in narrowed
     chosen = tuned["chosen"]
