@@ -28,6 +28,8 @@ ENVIRONMENT = jinja2.Environment(
     loader=jinja2.FileSystemLoader(FOLDER), undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
     trim_blocks=True, lstrip_blocks=True, autoescape=False,
 )  # fmt: skip
+
+
 def _strict(function):
     """`function` as a filter that fails on a missing value with Jinja's own error, as printing one does, instead of
     the TypeError formatting it would raise."""
