@@ -63,7 +63,7 @@ from bench.settings import PRESETS_DIR, REPO_ROOT, check_task, parse_integers, p
 
 @dataclass
 class CompressArguments:
-    preset: str = field(default="default", metadata={"help": presets_help(PRESETS_DIR / "compress") + " (bench/presets/compress/<preset>.json)"})
+    preset: str = field(default="default", metadata={"help": presets_help(PRESETS_DIR / "compress")})
     seeds: str | None = field(default=None, metadata={"help": "Comma-separated seeds (default: the preset's)."})
     task: str | None = field(
         default=None, metadata={"help": "A generated task instead of the preset's data, e.g. 'hop_induction:length=16,max_hops=2'."}

@@ -185,8 +185,9 @@ def read_presets(folder: Path, settings_class: type) -> dict:
 
 
 def presets_help(folder: Path) -> str:
-    """The `--preset` help: each preset's name and its `help` line."""
-    return " ".join(f"{name}: {document['help']}" for name, document in preset_files(folder).items())
+    """The `--preset` help: each preset's name and its `help` line, then where the files are."""
+    lines = " ".join(f"{name}: {document['help']}" for name, document in preset_files(folder).items())
+    return f"{lines} ({folder.relative_to(REPO_ROOT)}/<preset>.json)"
 
 
 # The study's presets (bench/presets/study): each fixes every size (model, data, steps, seeds, memory runs).
@@ -253,7 +254,7 @@ class BenchArguments:
     """Flags of `bench/run_bench.py`. Size flags left unset take the preset's value."""
 
     preset: Literal[tuple(PRESETS)] = field(
-        default="default", metadata={"help": presets_help(PRESETS_DIR / "study") + " (bench/presets/study/<preset>.json)"}
+        default="default", metadata={"help": presets_help(PRESETS_DIR / "study")}
     )
     results_dir: str | None = field(
         default=None, metadata={"help": "Where the runs' records go (one folder per run). Default: bench/results/<preset>."}
