@@ -156,7 +156,9 @@ class _RowQueue:
     def __init__(self, output: Path, todo: list[tuple[Row, int]], progress: tqdm, forked: bool = False):
         self.output, self.progress, self.failures, self.forked = output, progress, [], forked
         self.queue = [item for item in todo if not (row_dir(output, *item) / RESULT_FILE).is_file()]
-        progress.update(len(todo) - len(self.queue))
+        if len(self.queue) < len(todo):  # an earlier invocation's runs stay out of this one's rate and time left
+            progress.total = len(self.queue)
+            progress.set_postfix_str(f"{len(todo) - len(self.queue)} finished before")
         self.training_teacher: set[tuple[int, str]] = set()  # (seed, family) whose teacher a running row trains
 
     def next_job(self) -> Job | None:

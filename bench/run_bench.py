@@ -161,6 +161,7 @@ class Scheduler:
         self.queue.sort(key=lambda item: item[0])  # stable: the plan's order within a seed
         self.seen: set[str] = set()
         self.failures: list[str] = []
+        self.finished_before = 0
 
     def run(self) -> list[str]:
         self.progress = tqdm(desc="Study runs", unit="run", total=len(self.queue))
@@ -180,7 +181,7 @@ class Scheduler:
             self.seen.add(spec.directory)
             run_dir = self.output / spec.directory
             if (run_dir / RESULT_FILE).is_file():
-                self.progress.update()
+                self._leave_out_of_progress(spec)
                 self._after(order, spec)
                 continue
             threads = {"OMP_NUM_THREADS": str(self.settings.num_threads)} if self.settings.num_threads else {}
@@ -189,6 +190,13 @@ class Scheduler:
             forked = self.settings.fork_runs and spec.kind != "memory"  # a memory run's peak is a fresh process's
             return Job(f"{spec.label} seed {spec.seed}", run_dir, command, env, payload=(order, spec), forked=forked)
         return None
+
+    def _leave_out_of_progress(self, spec: RunSpec) -> None:
+        """A run an earlier invocation finished leaves the bar's count, so that its rate and time left are this
+        invocation's: counted as done, 60 runs skipped in a second would promise the rest at a second each."""
+        self.progress.total -= 1
+        self.finished_before += 1
+        self.progress.set_postfix_str(f"{self.finished_before} finished before")
 
     def _finish(self, job: Job, returncode: int) -> None:
         order, spec = job.payload

@@ -672,6 +672,21 @@ def test_a_study_stopped_early_has_its_equal_memory_contrasts_over_every_seed_fi
     assert all(label.startswith("dlt") and label != "dlt" for label, _ in started[15:]) and len(started) == 15 + 2 * 5
 
 
+def test_a_resumed_study_counts_only_the_runs_it_trains_in_its_progress(tmp_path):
+    """Runs an earlier invocation finished leave the bar's total instead of counting as done in no time, which would
+    make the rate and the time left a fraction of the truth."""
+    settings = dataclasses.replace(TINY, seeds=(0,))
+    scheduler = Scheduler(settings, tmp_path, jobs=1, with_memory=False)
+    queued = len(scheduler.queue)
+    finished = scheduler.queue[0][1]  # conventional training: no runs follow it
+    (tmp_path / finished.directory).mkdir(parents=True)
+    write_complete(tmp_path / finished.directory / "result.json", {"test_loss": 4.0})
+    scheduler.progress = tqdm(disable=True, total=queued)
+    job = scheduler._next_job()
+    assert job.payload[1] != finished and scheduler.progress.n == 0
+    assert finished.label == "none" and scheduler.progress.total == queued - 1 and scheduler.finished_before == 1
+
+
 def test_interval_is_the_student_t_interval():
     mean, half = interval([1.0, 2.0, 3.0])
     assert mean == 2.0 and half == pytest.approx(stats.t.ppf(0.975, 2) / math.sqrt(3))

@@ -7,43 +7,23 @@ with to OUTPUT_DIR/stopped<rank>.txt; a rank that did not stop would wait for th
 
 import sys
 
-import datasets
-import torch
-from launched import run_then_exit
-
-from hf_layertie import TiedGPT2Config, TiedGPT2LMHeadModel, TyingTrainer, TyingTrainingArguments
+from launched import random_tying_trainer, run_then_exit
 
 
 def main():
     output_dir = sys.argv[1]
-    torch.manual_seed(0)
-    model = TiedGPT2LMHeadModel(TiedGPT2Config(n_layer=4, n_embd=32, n_head=2, n_positions=32, vocab_size=100))
-    ids = torch.randint(0, 100, (128, 16), generator=torch.Generator().manual_seed(1)).tolist()
-    data = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
-    args = TyingTrainingArguments(
-        output_dir=output_dir,
-        tying_interval=4,
-        max_steps=4,
-        per_device_train_batch_size=4,
-        learning_rate=1e-3,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="steps",
-        save_steps=1,
-        disable_tqdm=True,
-        ddp_timeout=60,
+    # The first decision would come at step 4: the NaN in step 3 meets the maps as they started, on every rank.
+    trainer = random_tying_trainer(
+        output_dir, max_steps=4, rows=128, tying_interval=4, save_strategy="steps", save_steps=1, ddp_timeout=60
     )
-    trainer = TyingTrainer(model=model, args=args, train_dataset=data)
     forward_passes = 0
-
 
     def nan_on_rank_1_in_step_3(module, inputs, output):
         nonlocal forward_passes
         forward_passes += 1
         return output * float("nan") if trainer.args.process_index == 1 and forward_passes == 3 else output
 
-
-    model.lm_head.register_forward_hook(nan_on_rank_1_in_step_3)
+    trainer.model.lm_head.register_forward_hook(nan_on_rank_1_in_step_3)
     try:
         trainer.train()
     except FloatingPointError as error:
