@@ -47,7 +47,21 @@ def loop_study_markdown(settings: BenchSettings, payload: dict) -> str:
         scored=scored,
         hypotheses=_hypotheses(registration, settings, payload, scored),
         margin=EQUIVALENCE_MARGIN,
+        completion=_completion(payload["runs"], registration["seeds"]),
     )
+
+
+def _completion(runs: dict[str, dict[int, dict]], seeds: list[int]) -> dict:
+    """How far the task's plan has run: `complete` once every row has every registered seed (the verdicts are
+    final then, interim before), with the rows not yet started and the fewest seeds a started row has."""
+    started = [set(by_seed) & set(seeds) for by_seed in runs.values() if by_seed]
+    return {
+        "complete": all(set(seeds) <= set(by_seed) for by_seed in runs.values()),
+        "registered_seeds": len(seeds),
+        "rows": len(runs),
+        "rows_not_started": len(runs) - len(started),
+        "fewest_seeds": min(map(len, started), default=0),
+    }
 
 
 # Which contrasts of a row bear on each hypothesis: label -> the contrast names (none: the row does not). H1-H3 are
@@ -79,8 +93,38 @@ def _hypotheses(registration: dict, settings: BenchSettings, payload: dict, scor
             if (difference := score["versus"].get(name)) is not None
         ]  # fmt: skip
         learned_map = _learned_map(payload, scored, language) if number == "H6" else None
-        hypotheses.append({"key": key, "words": words, "contrasts": contrasts, "learned_map": learned_map})
+        deciding = contrasts + ([("dlt + recipe", *learned_map)] if learned_map else [])
+        outcome = decide(number, deciding, better="lower" if language else "higher")
+        hypotheses.append({"key": key, "words": words, "contrasts": contrasts, "learned_map": learned_map, "outcome": outcome})
     return hypotheses
+
+
+def decide(number: str, contrasts: list[tuple[str, str, dict]], better: str) -> dict:
+    """Hypothesis `number`'s outcome from the contrasts that bear on it ((label, contrast name, paired difference)),
+    each sentence of the pre-registration read as it stands, with its metric's rule: a row is above or below another
+    when the interval of their difference excludes 0, `better` being the verdict of a better score ("lower" loss,
+    "higher" accuracy). `holds`: True, False, or None while no contrast has run; `by`: the labels that decide it."""
+    if not contrasts:
+        return {"holds": None, "by": []}
+    worse = "higher" if better == "lower" else "lower"
+    by_label: dict[str, dict[str, str]] = {}
+    for label, name, difference in contrasts:
+        by_label.setdefault(label, {})[name] = difference["verdict"]
+    if number in ("H1", "H2"):  # the row is above the other
+        failing = [label for label, verdicts in by_label.items() if better not in verdicts.values()]
+        return {"holds": not failing, "by": failing or list(by_label)}
+    if number == "H3":  # some layout under the whole recipe is not below 2U untied blocks
+        reaching = [label for label, verdicts in by_label.items() if verdicts["untied 2U"] != worse]
+        return {"holds": bool(reaching), "by": reaching or list(by_label)}
+    if number == "H4":  # no part above its layout alone while not below the whole recipe
+        alone = [label for label, verdicts in by_label.items() if verdicts.get("layout alone") == better and verdicts.get("whole recipe") not in (worse, None)]
+        return {"holds": not alone, "by": alone}
+    if number == "H5":  # the onset changes nothing detectably
+        changed = [label for label, verdicts in by_label.items() if set(verdicts.values()) != {"no difference detected"}]
+        return {"holds": not changed, "by": changed}
+    # H6 (DLT not above the better fixed layout) and H7 (no looped layout below 4 untied blocks): no row better.
+    above = [label for label, verdicts in by_label.items() if better in verdicts.values()]
+    return {"holds": not above, "by": above}
 
 
 def _learned_map(payload: dict, scored: dict[str, dict], language: bool) -> tuple[str, dict] | None:

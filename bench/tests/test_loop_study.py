@@ -13,6 +13,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))  # `bench` is a folder of the repository, not part of the installed package
 
+from bench.loop_report import decide, loop_study_markdown  # noqa: E402
 from bench.loop_study import PREREGISTRATION, read_preregistration, registration_commit, task_rows  # noqa: E402
 from bench.settings import PRESETS, BenchArguments, independent_runs, memory_runs, plan_contrasts, resolve_settings  # noqa: E402
 from hf_layertie import resolve_tying_map  # noqa: E402
@@ -168,3 +169,56 @@ def test_the_word_problem_choice_takes_a_clear_win_on_every_choice_seed_and_the_
         {"task": "flat", "kind": "non-solvable", "tests_depth": False, "validation_difference": difference(0.0, 0.01)},
     ]
     assert choose(candidates) == {"solvable": "narrow", "non-solvable": None}  # 0.08 above 0 beats 0.06
+
+
+def _difference(verdict: str) -> dict:
+    mean = {"lower": -0.05, "higher": 0.05}.get(verdict, 0.0)
+    return {"mean": mean, "half_width": 0.02, "seeds": 10, "verdict": verdict}
+
+
+@pytest.mark.parametrize(
+    "number, contrasts, better, holds, by",
+    [
+        # H7, in loss: one looped row below 4 untied blocks is enough to reject it; level rows leave it standing.
+        ("H7", [("a", "untied U", "lower"), ("b", "untied U", "no difference detected")], "lower", False, ["a"]),
+        ("H7", [("a", "untied U", "higher"), ("b", "untied U", "no difference detected")], "lower", True, []),
+        # H1 and H2, in accuracy: the row must be above, not merely level.
+        ("H1", [("0 1 1 1", "untied U", "higher")], "higher", True, ["0 1 1 1"]),
+        ("H2", [("cycle:2, 4 positions + recipe", "layout alone", "no difference detected")], "higher", False, ["cycle:2, 4 positions + recipe"]),
+        # H3: one layout under the recipe not below the ceiling suffices.
+        ("H3", [("a", "untied 2U", "lower"), ("b", "untied 2U", "no difference detected")], "higher", True, ["b"]),
+        ("H3", [("a", "untied 2U", "lower")], "higher", False, ["a"]),
+        # H4: a part above its layout alone and level with the whole recipe rejects it; below the recipe, it does not.
+        ("H4", [("a + rate", "layout alone", "higher"), ("a + rate", "whole recipe", "no difference detected")], "higher", False, ["a + rate"]),
+        ("H4", [("a + rate", "layout alone", "higher"), ("a + rate", "whole recipe", "lower")], "higher", True, []),
+        # H5: any detected change rejects it.
+        ("H5", [("a + onset", "layout alone", "no difference detected"), ("a + onset + recipe", "whole recipe", "lower")], "lower", False, ["a + onset + recipe"]),
+        # H6: DLT above the better fixed layout rejects it.
+        ("H6", [("dlt + recipe", "a + recipe", "higher")], "higher", False, ["dlt + recipe"]),
+        # Nothing run yet: open.
+        ("H1", [], "higher", None, []),
+    ],
+)  # fmt: skip
+def test_each_hypothesis_is_decided_by_its_sentence_read_with_the_registered_interval_rule(number, contrasts, better, holds, by):
+    outcome = decide(number, [(label, name, _difference(verdict)) for label, name, verdict in contrasts], better)
+    assert outcome == {"holds": holds, "by": by}
+
+
+def test_a_loop_report_calls_its_verdicts_interim_until_every_row_has_every_registered_seed():
+    """The committed language report: rows not started, so every verdict it prints is interim, and H7's verdict
+    names the rows below 4 untied blocks in its table. With every row given every seed, the verdicts are final."""
+    from bench.settings import resolve_settings
+
+    payload = json.loads((REPO_ROOT / "bench" / "reports" / "study" / "loops-language" / "results.json").read_text())
+    payload["runs"] = {label: {int(seed): run for seed, run in by_seed.items()} for label, by_seed in payload["runs"].items()}
+    settings = resolve_settings(BenchArguments(preset="loops-language"))
+    report = loop_study_markdown(settings, payload)
+    below = [label for label, row in payload["rows"].items() if row["versus"].get("untied U", {}).get("verdict") == "lower" and not label.startswith("untied")]
+    if below:
+        assert f"**Interim verdict: does not hold** ({'; '.join(below)})" in report
+    assert "**Verdict:" not in report
+
+    some_run = payload["runs"]["untied, 4 blocks"][100]
+    full = {label: {seed: some_run | {"label": label, "seed": seed} for seed in REGISTRATION["seeds"]} for label in payload["runs"]}
+    report = loop_study_markdown(settings, payload | {"runs": full})
+    assert "**Interim verdict" not in report and "**Verdict:" in report
