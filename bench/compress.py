@@ -57,7 +57,7 @@ from bench.compress_settings import PRESETS, CompressSettings, Row, plan, row_di
 from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.measure import task_data  # noqa: E402
 from bench.provenance import provenance  # noqa: E402
-from bench.scheduling import RESULT_FILE, Job, run_jobs, single_run_command, write_complete  # noqa: E402
+from bench.scheduling import RESULT_FILE, Job, leave_out_of_progress, run_jobs, single_run_command, write_complete  # noqa: E402
 from bench.settings import PRESETS_DIR, REPO_ROOT, check_task, parse_integers, presets_help, with_preset_seeds  # noqa: E402
 
 
@@ -156,9 +156,8 @@ class _RowQueue:
     def __init__(self, output: Path, todo: list[tuple[Row, int]], progress: tqdm, forked: bool = False):
         self.output, self.progress, self.failures, self.forked = output, progress, [], forked
         self.queue = [item for item in todo if not (row_dir(output, *item) / RESULT_FILE).is_file()]
-        if len(self.queue) < len(todo):  # an earlier invocation's runs stay out of this one's rate and time left
-            progress.total = len(self.queue)
-            progress.set_postfix_str(f"{len(todo) - len(self.queue)} finished before")
+        if finished_before := len(todo) - len(self.queue):
+            leave_out_of_progress(progress, finished_before, finished_before)
         self.training_teacher: set[tuple[int, str]] = set()  # (seed, family) whose teacher a running row trains
 
     def next_job(self) -> Job | None:

@@ -27,7 +27,7 @@ from bench.loop_study import registration_commit  # noqa: E402
 from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.measure import count_bigram_test_loss, missing_device, run, task_data  # noqa: E402
 from bench.report import LEARNING_RATES_FILE, load_result, read_learning_rates, write_learning_rates, write_report  # noqa: E402
-from bench.scheduling import RESULT_FILE, Job, run_jobs, single_run_command, write_complete  # noqa: E402
+from bench.scheduling import RESULT_FILE, Job, leave_out_of_progress, run_jobs, single_run_command, write_complete  # noqa: E402
 from bench.settings import (  # noqa: E402
     PRESETS,
     BenchArguments,
@@ -181,7 +181,8 @@ class Scheduler:
             self.seen.add(spec.directory)
             run_dir = self.output / spec.directory
             if (run_dir / RESULT_FILE).is_file():
-                self._leave_out_of_progress(spec)
+                self.finished_before += 1
+                leave_out_of_progress(self.progress, 1, self.finished_before)
                 self._after(order, spec)
                 continue
             threads = {"OMP_NUM_THREADS": str(self.settings.num_threads)} if self.settings.num_threads else {}
@@ -190,13 +191,6 @@ class Scheduler:
             forked = self.settings.fork_runs and spec.kind != "memory"  # a memory run's peak is a fresh process's
             return Job(f"{spec.label} seed {spec.seed}", run_dir, command, env, payload=(order, spec), forked=forked)
         return None
-
-    def _leave_out_of_progress(self, spec: RunSpec) -> None:
-        """A run an earlier invocation finished leaves the bar's count, so that its rate and time left are this
-        invocation's: counted as done, 60 runs skipped in a second would promise the rest at a second each."""
-        self.progress.total -= 1
-        self.finished_before += 1
-        self.progress.set_postfix_str(f"{self.finished_before} finished before")
 
     def _finish(self, job: Job, returncode: int) -> None:
         order, spec = job.payload

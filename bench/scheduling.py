@@ -88,6 +88,14 @@ def write_whole(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
+def leave_out_of_progress(progress: Any, runs: int, finished_before: int) -> None:
+    """Take `runs` that an earlier invocation finished out of the bar `progress` (a tqdm), naming the
+    `finished_before` so far in its postfix: counted as done, 60 runs skipped in a second would promise the rest at a
+    second each, where the bar's rate and time left should be this invocation's."""
+    progress.total -= runs
+    progress.set_postfix_str(f"{finished_before} finished before")
+
+
 def single_run_command(script: str | Path, argument: str) -> list[str]:
     """`script` again, with this process's own flags and `--single_run argument`: one run of its plan."""
     return [sys.executable, str(script), *sys.argv[1:], "--single_run", argument]

@@ -856,8 +856,9 @@ def test_compress_trains_each_missing_teacher_once_and_reports_its_rows_not_run_
     assert any(row.start == "scratch" and row.distill for row in gpt2)  # distilled from scratch: it waits too
     (tmp_path / "seed0" / gpt2[0].directory).mkdir(parents=True)
     (tmp_path / "seed0" / gpt2[0].directory / "result.json").write_text("{}")  # finished, its teacher not kept
-    with tqdm(disable=True) as progress:
+    with tqdm(disable=True, total=len(gpt2 + scratch)) as progress:
         queue = _RowQueue(tmp_path, [(row, 0) for row in gpt2 + scratch], progress)
+        assert progress.n == 0 and progress.total == len(gpt2 + scratch) - 1  # the finished row is not this run's
         leader = queue.next_job()
         assert leader.payload == (gpt2[1], 0)  # the first unfinished row trains the teacher
         started = [queue.next_job() for _ in scratch]
