@@ -45,10 +45,18 @@ def loop_study_markdown(settings: BenchSettings, payload: dict) -> str:
         commits=sorted({record.get("preregistration_commit", "none recorded") for record in records}),
         contrasts=LOOP_STUDY_CONTRASTS,
         scored=scored,
+        parameters=_trainable_parameters(payload["runs"]),
         hypotheses=_hypotheses(registration, settings, payload, scored),
         margin=EQUIVALENCE_MARGIN,
         completion=_completion(payload["runs"], registration["seeds"]),
     )
+
+
+def _trainable_parameters(runs: dict[str, dict[str, dict]]) -> dict[str, float]:
+    """label -> the trainable parameters its runs ended with, mean over seeds: "equal parameters" is the issue's
+    condition, and the recipe's per-position adapters add theirs to the U blocks' (a fixed map ends with the same
+    count on every seed; DLT's depends on the map it ends with)."""
+    return {label: statistics.fmean(run["trainable_parameters"] for run in by_seed.values()) for label, by_seed in runs.items() if by_seed}
 
 
 def _completion(runs: dict[str, dict[int, dict]], seeds: list[int]) -> dict:

@@ -220,3 +220,22 @@ def test_a_loop_report_calls_its_verdicts_interim_until_every_row_has_every_regi
     full = {label: {seed: some_run | {"label": label, "seed": seed} for seed in REGISTRATION["seeds"]} for label in payload["runs"]}
     report = loop_study_markdown(settings, payload | {"runs": full})
     assert "**Interim verdict" not in report and "**Verdict:" in report
+
+
+def test_a_loop_report_shows_the_trainable_parameters_each_row_ended_with():
+    """"Equal parameters" is the study's condition, and the recipe's adapters break it by a little: the committed
+    language report's table gives each row the count its records ended with, so a reader sees by how much."""
+    payload = json.loads((REPO_ROOT / "bench" / "reports" / "study" / "loops-language" / "results.json").read_text())
+    table = (REPO_ROOT / "bench" / "reports" / "study" / "loops-language" / "results.md").read_text()
+    header = next(line for line in table.splitlines() if line.startswith("| row |"))
+    column = header.strip("|").split("|").index(" trainable parameters ")
+    for label, by_seed in payload["runs"].items():
+        counts = {run["trainable_parameters"] for run in by_seed.values()}
+        if not counts or label.startswith("dlt"):  # a learned map ends each seed with its own count
+            continue
+        assert len(counts) == 1, f"{label}: a fixed map ends every seed with one count"
+        row = next(line for line in table.splitlines() if line.startswith(f"| {label} |"))
+        assert row.strip("|").split("|")[column].strip() == f"{counts.pop():,}"
+    untied = payload["runs"]["untied, 4 blocks"]["100"]["trainable_parameters"]
+    assert payload["runs"]["cycle:4, 12 positions"]["100"]["trainable_parameters"] == untied
+    assert payload["runs"]["cycle:4, 12 positions + recipe"]["100"]["trainable_parameters"] > untied
