@@ -37,6 +37,7 @@ def loop_study_markdown(settings: BenchSettings, payload: dict) -> str:
         return {"value": (row["test_loss"], row["test_loss_half_width"]), "versus": row["versus"]}
 
     scored = {label: score for label, row in payload["rows"].items() if (score := measure(row))}
+    completion = _completion(payload["runs"], registration["seeds"])
     return render(
         "loop_study.md.jinja",
         **_page_context(settings, payload, records),
@@ -46,9 +47,9 @@ def loop_study_markdown(settings: BenchSettings, payload: dict) -> str:
         contrasts=LOOP_STUDY_CONTRASTS,
         scored=scored,
         parameters=_trainable_parameters(payload["runs"]),
-        hypotheses=_hypotheses(registration, settings, payload, scored),
+        hypotheses=_hypotheses(registration, settings, payload, scored, completion),
         margin=EQUIVALENCE_MARGIN,
-        completion=_completion(payload["runs"], registration["seeds"]),
+        completion=completion,
     )
 
 
@@ -86,10 +87,11 @@ HYPOTHESIS_CONTRASTS = {
 DEPTH_ONLY, LANGUAGE_ONLY = ("H1", "H2", "H3"), ("H7",)
 
 
-def _hypotheses(registration: dict, settings: BenchSettings, payload: dict, scored: dict[str, dict]) -> list[dict]:
+def _hypotheses(registration: dict, settings: BenchSettings, payload: dict, scored: dict[str, dict], completion: dict) -> list[dict]:
     """Each hypothesis this task tests, as registered (`key`, `words`), with the paired differences that bear on it
     on this task: (label, contrast name, difference) under `contrasts`, and for H6 under `learned_map` (the better
-    fixed layout, the difference), or None."""
+    fixed layout, the difference), or None; and its `outcome` (`decide`), `final` once no run yet to come can change
+    it (`_settled`)."""
     language = registration["tasks"][settings.loop_study]["metric"] == "test_loss"
     hypotheses = []
     for key, words in registration["hypotheses"].items():
@@ -103,15 +105,32 @@ def _hypotheses(registration: dict, settings: BenchSettings, payload: dict, scor
         learned_map = _learned_map(payload, scored, language) if number == "H6" else None
         deciding = contrasts + ([("dlt + recipe", *learned_map)] if learned_map else [])
         outcome = decide(number, deciding, better="lower" if language else "higher")
+        outcome["final"] = completion["complete"] or _settled(outcome, deciding, completion["registered_seeds"])
         hypotheses.append({"key": key, "words": words, "contrasts": contrasts, "learned_map": learned_map, "outcome": outcome})
     return hypotheses
+
+
+def _settled(outcome: dict, contrasts: list[tuple[str, str, dict]], registered_seeds: int) -> bool:
+    """Whether an outcome is final before every row has run: one that rests on the rows it names (`by_rows_named`),
+    each of their contrasts paired on every registered seed. Rows yet to run only add contrasts, and a hypothesis
+    that some row refutes (or, H3, that some row proves) stays refuted (proved) whatever the others show."""
+    named = [difference for label, _, difference in contrasts if label in outcome["by"]]
+    return outcome["by_rows_named"] and bool(named) and all(difference["seeds"] >= registered_seeds for difference in named)
 
 
 def decide(number: str, contrasts: list[tuple[str, str, dict]], better: str) -> dict:
     """Hypothesis `number`'s outcome from the contrasts that bear on it ((label, contrast name, paired difference)),
     each sentence of the pre-registration read as it stands, with its metric's rule: a row is above or below another
     when the interval of their difference excludes 0, `better` being the verdict of a better score ("lower" loss,
-    "higher" accuracy). `holds`: True, False, or None while no contrast has run; `by`: the labels that decide it."""
+    "higher" accuracy). `holds`: True, False, or None while no contrast has run; `by`: the labels that decide it;
+    `by_rows_named`: whether those rows alone decide it (a row that refutes a "no row" or "every row" sentence, or
+    the row that H3's "some layout" finds), so that rows yet to run cannot change it."""
+    outcome = _decided(number, contrasts, better)
+    return outcome | {"by_rows_named": outcome["holds"] is (number == "H3")}
+
+
+def _decided(number: str, contrasts: list[tuple[str, str, dict]], better: str) -> dict:
+    """`decide`'s `holds` and `by`, by each sentence's reading."""
     if not contrasts:
         return {"holds": None, "by": []}
     worse = "higher" if better == "lower" else "lower"
