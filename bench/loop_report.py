@@ -61,8 +61,8 @@ def _trainable_parameters(runs: dict[str, dict[str, dict]]) -> dict[str, float]:
 
 
 def _completion(runs: dict[str, dict[int, dict]], seeds: list[int]) -> dict:
-    """How far the task's plan has run: `complete` once every row has every registered seed (the verdicts are
-    final then, interim before), with the rows not yet started and the fewest seeds a started row has."""
+    """How far the task's plan has run: `complete` once every row has every registered seed (every verdict is
+    final then; before, only those `_settled` finds), with the rows not yet started and the fewest seeds a started row has."""
     started = [set(by_seed) & set(seeds) for by_seed in runs.values() if by_seed]
     return {
         "complete": all(set(seeds) <= set(by_seed) for by_seed in runs.values()),
