@@ -255,3 +255,51 @@ def test_a_loop_report_shows_the_trainable_parameters_each_row_ended_with():
     untied = payload["runs"]["untied, 4 blocks"]["100"]["trainable_parameters"]
     assert payload["runs"]["cycle:4, 12 positions"]["100"]["trainable_parameters"] == untied
     assert payload["runs"]["cycle:4, 12 positions + recipe"]["100"]["trainable_parameters"] > untied
+
+
+def _rival_folder(results: Path, records: dict[int, dict]) -> None:
+    """A results folder of preset loops-language-steps holding `records` as its `untied, 4 blocks` runs."""
+    from bench.settings import independent_runs
+
+    settings = resolve_settings(BenchArguments(preset="loops-language-steps"))
+    folder = results / "loops-language-steps"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "settings.json").write_text(json.dumps({"fingerprint": settings.fingerprint(), "baselines": {}}))
+    for seed, record in records.items():
+        spec = next(spec for spec in independent_runs(settings, seed) if spec.label == "untied, 4 blocks")
+        (folder / spec.directory).mkdir(parents=True)
+        (folder / spec.directory / "result.json").write_text(json.dumps(record))
+
+
+def test_the_equal_compute_addendum_pairs_its_rows_by_seed_and_shows_whether_its_registration_came_first(tmp_path):
+    """bench/loop_compute.py: the loop's records from loops-language, the rival's from loops-language-steps, paired on
+    the seeds both have; interim while a registered seed is missing, final and holding when the loop is below on
+    every seed; a rival record made before the addendum was committed is named as such; a rival folder measured under
+    other settings is refused, naming it."""
+    from bench import loop_compute
+
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "loops-language").symlink_to(REPO_ROOT / "bench" / "results" / "loops-language")
+    loop = loop_compute.row_records({"preset": "loops-language", "label": "0 1 2 1 2 5 + recipe"}, results)
+    assert sorted(loop) == REGISTRATION["seeds"]
+    head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    rival = {seed: run | {"label": "untied, 4 blocks", "test_loss": run["test_loss"] + 0.05 + seed / 1e4, "commit": head} for seed, run in loop.items()}
+    _rival_folder(results, {seed: rival[seed] for seed in REGISTRATION["seeds"][:5]})
+
+    report = loop_compute.write_report(tmp_path / "report", results).read_text()
+    assert "**Interim verdict: holds** (until both rows have the 10 registered seeds)" in report
+    assert "which precedes every record of the rival" in report
+    payload = json.loads((tmp_path / "report" / "compute-language.json").read_text())
+    assert payload["difference"]["seeds"] == 5 and payload["difference"]["verdict"] == "lower"
+
+    early = REGISTRATION["seeds"][5]
+    rival[early]["commit"] = loop[early]["commit"]  # trained before the addendum was committed
+    _rival_folder(results, {seed: rival[seed] for seed in REGISTRATION["seeds"][5:]})
+    report = loop_compute.write_report(tmp_path / "report", results).read_text()
+    assert "**Verdict: holds**" in report and "does NOT precede every record of the rival" in report
+
+    settings_file = results / "loops-language-steps" / "settings.json"
+    settings_file.write_text(json.dumps({"fingerprint": json.dumps({"max_steps": 2000}), "baselines": {}}))
+    with pytest.raises(ValueError, match="loops-language-steps holds runs measured under other settings than preset 'loops-language-steps'"):
+        loop_compute.write_report(tmp_path / "report", results)

@@ -1,0 +1,107 @@
+#!/usr/bin/env python
+"""Issue 76: the loop study's recommended language loop against 4 untied blocks given its compute, by the addendum
+registered in bench/preregistration/looped-language-compute.json before the rival's first run.
+
+    python bench/run_bench.py --preset loops-language-steps --rows "untied, 4 blocks" --jobs 2   # the rival, 10 runs
+    python bench/loop_compute.py     # bench/reports/study/loops/compute-language.{md,json}, from the committed records
+
+The loop's records are its preset's (`loops-language`, the study's), the rival's are `loops-language-steps`' (the
+same training at 3,000 steps); each folder must hold runs measured under its preset's settings (another is refused,
+naming it), and the pairs are the registered seeds both rows have. The verdict is the registered rule's: the loop
+below or above the rival when the 95% interval of the paired difference (loop minus rival) excludes 0, interim until
+both rows have every registered seed. Each of the rival's records must name a commit the registration precedes (git
+checks it; the loop's records predate the addendum, which says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench.markdown_tables import refresh_after_report  # noqa: E402
+from bench.provenance import git, source_lines  # noqa: E402
+from bench.report import collect_study, interval, paired_difference  # noqa: E402
+from bench.scheduling import write_whole  # noqa: E402
+from bench.settings import BenchArguments, resolve_settings  # noqa: E402
+from bench.templates import render  # noqa: E402
+
+ADDENDUM = REPO_ROOT / "bench" / "preregistration" / "looped-language-compute.json"
+RESULTS = REPO_ROOT / "bench" / "results"
+REPORT = REPO_ROOT / "bench" / "reports" / "study" / "loops"
+
+
+def row_records(side: dict, results: Path = RESULTS) -> dict[int, dict]:
+    """seed -> record of the addendum's `loop` or `rival` ({"preset", "label"}), from its preset's results folder;
+    a folder measured under other settings than the preset's is refused, naming it."""
+    settings = resolve_settings(BenchArguments(preset=side["preset"]))
+    folder = results / side["preset"]
+    settings_file = folder / "settings.json"
+    if not settings_file.is_file():
+        return {}
+    if json.loads(settings_file.read_text())["fingerprint"] != settings.fingerprint():
+        raise ValueError(f"{folder} holds runs measured under other settings than preset {side['preset']!r}'s ({settings_file})")
+    return collect_study(settings, folder).get(side["label"], {})
+
+
+def registered_before(records: list[dict], path: Path = ADDENDUM) -> dict:
+    """The commit that registered `path` and whether every record's commit descends from it (None outside git, or
+    with no record yet)."""
+    registration = git("log", "--diff-filter=A", "--format=%H", "--", str(path.relative_to(REPO_ROOT)))
+    if not registration or not records:
+        return {"commit": registration or None, "precedes_every_record": None}
+    follows = [git("merge-base", "--is-ancestor", registration, record["commit"]) is not None for record in records]
+    return {"commit": registration, "precedes_every_record": all(follows)}
+
+
+def summary(records: dict[int, dict]) -> dict | None:
+    """A row's test loss (mean, 95% half-width), seeds, steps, block positions and trainable parameters."""
+    if not records:
+        return None
+    runs = list(records.values())
+    return {
+        "test_loss": interval([run["test_loss"] for run in runs]),
+        "seeds": sorted(records),
+        "steps": statistics.fmean(run["trained_steps"] for run in runs),
+        "positions": statistics.fmean(run["num_blocks"] for run in runs),
+        "trainable_parameters": statistics.fmean(run["trainable_parameters"] for run in runs),
+    }
+
+
+def write_report(report_dir: Path = REPORT, results: Path = RESULTS) -> Path:
+    """compute-language.{json,md} from the committed records of both rows."""
+    addendum = json.loads(ADDENDUM.read_text())
+    loop, rival = row_records(addendum["loop"], results), row_records(addendum["rival"], results)
+    difference = paired_difference(loop, rival)
+    complete = all(set(addendum["seeds"]) <= set(row) for row in (loop, rival))
+    payload = {
+        "rows": {"loop": summary(loop), "rival": summary(rival)},
+        "difference": difference,
+        "holds": None if difference is None else difference["verdict"] == "lower",
+        "final": complete,
+        "registration": registered_before(list(rival.values())),
+    }
+    report_dir.mkdir(parents=True, exist_ok=True)
+    write_whole(report_dir / "compute-language.json", json.dumps(payload, indent=2))
+    records = [*loop.values(), *rival.values()]
+    report = report_dir / "compute-language.md"
+    write_whole(report, render("loop_compute.md.jinja", addendum=addendum, margin=addendum["margin_nats"], **payload, sources="\n".join(source_lines(records)[1:])))
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--report_dir", default=str(REPORT), help="Where compute-language.md and .json go.")
+    report = write_report(Path(parser.parse_args().report_dir))
+    print(f"Report: {report}")
+    refresh_after_report(report)
+
+
+if __name__ == "__main__":
+    main()
