@@ -9,8 +9,9 @@ The loop's records are its preset's (`loops-language`, the study's), the rival's
 same training at 3,000 steps); each folder must hold runs measured under its preset's settings (another is refused,
 naming it), and the pairs are the registered seeds both rows have. The verdict is the registered rule's: the loop
 below or above the rival when the 95% interval of the paired difference (loop minus rival) excludes 0, interim until
-both rows have every registered seed. Each of the rival's records must name a commit the registration precedes (git
-checks it; the loop's records predate the addendum, which says so).
+both rows have every registered seed. Each of the rival's records names the commit that held the addendum, committed
+and unedited, when it started (no run of its preset starts otherwise); the loop's records predate the addendum, which
+says so.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench.markdown_tables import refresh_after_report  # noqa: E402
-from bench.provenance import git, source_lines  # noqa: E402
+from bench.provenance import source_lines  # noqa: E402
 from bench.report import collect_study, interval, paired_difference  # noqa: E402
 from bench.scheduling import write_whole  # noqa: E402
 from bench.settings import BenchArguments, resolve_settings  # noqa: E402
@@ -50,14 +51,12 @@ def row_records(side: dict, results: Path = RESULTS) -> dict[int, dict]:
     return collect_study(settings, folder).get(side["label"], {})
 
 
-def registered_before(records: list[dict], path: Path = ADDENDUM) -> dict:
-    """The commit that registered `path` and whether every record's commit descends from it (None outside git, or
-    with no record yet)."""
-    registration = git("log", "--diff-filter=A", "--format=%H", "--", str(path.relative_to(REPO_ROOT)))
-    if not registration or not records:
-        return {"commit": registration or None, "precedes_every_record": None}
-    follows = [git("merge-base", "--is-ancestor", registration, record["commit"]) is not None for record in records]
-    return {"commit": registration, "precedes_every_record": all(follows)}
+def registration(records: list[dict]) -> dict:
+    """The commits the rival's records name as holding the addendum when they started (a run of the rival's preset
+    starts only under it committed and unedited, so each precedes its record: loop_study.addendum_commit), and
+    whether every record names one (None with no record yet). From the records alone: no git history needed."""
+    named = [record.get("preregistration_commit") for record in records]
+    return {"commits": sorted({commit for commit in named if commit}), "every_record_names_one": all(named) if named else None}
 
 
 def summary(records: dict[int, dict]) -> dict | None:
@@ -79,19 +78,22 @@ def write_report(report_dir: Path = REPORT, results: Path = RESULTS) -> Path:
     addendum = json.loads(ADDENDUM.read_text())
     loop, rival = row_records(addendum["loop"], results), row_records(addendum["rival"], results)
     difference = paired_difference(loop, rival)
+    loop_row = summary(loop)
+    if loop_row is not None:  # it carries its difference from the rival (loop minus rival), as a study's rows do
+        loop_row["versus_rival"] = difference
     complete = all(set(addendum["seeds"]) <= set(row) for row in (loop, rival))
     payload = {
-        "rows": {"loop": summary(loop), "rival": summary(rival)},
-        "difference": difference,
+        "rows": {"loop": loop_row, "rival": summary(rival)},
         "holds": None if difference is None else difference["verdict"] == "lower",
         "final": complete,
-        "registration": registered_before(list(rival.values())),
+        "registration": registration(list(rival.values())),
     }
     report_dir.mkdir(parents=True, exist_ok=True)
     write_whole(report_dir / "compute-language.json", json.dumps(payload, indent=2))
     records = [*loop.values(), *rival.values()]
     report = report_dir / "compute-language.md"
-    write_whole(report, render("loop_compute.md.jinja", addendum=addendum, margin=addendum["margin_nats"], **payload, sources="\n".join(source_lines(records)[1:])))
+    sources = "\n".join(source_lines(records)[1:])
+    write_whole(report, render("loop_compute.md.jinja", addendum=addendum, margin=addendum["margin_nats"], difference=difference, **payload, sources=sources))
     return report
 
 

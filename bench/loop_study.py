@@ -90,15 +90,32 @@ def registration_commit(task: str, digest: str, path: Path = PREREGISTRATION) ->
     the file in this checkout's history. A run starts only under a committed, unedited pre-registration, so every
     record names a commit its registration precedes (or is); outside git, or with the file edited since, or `task`'s
     part changed, one error says so."""
-    root = path.parent
-    commit = git("log", "-1", "--format=%H", "--", path.name, root=root)
-    unchanged = bool(commit) and git("diff", "--quiet", commit, "--", path.name, root=root) is not None  # None: it differs
-    if not unchanged or preregistration_digest(task, path) != digest:
+    commit = committed_as_is(path)
+    if commit is None or preregistration_digest(task, path) != digest:
         raise ValueError(
             f"{path} is not committed as it is now, with task {task!r} registered as these settings were (digest "
             f"{digest}): commit the pre-registration before the first run it governs, and do not edit it afterwards"
         )
     return commit
+
+
+def addendum_commit(path: Path) -> str:
+    """The commit holding `path`, an addendum to the pre-registration (a later rival with a rule of its own, such
+    as looped-language-compute.json), as it is now: a run of a preset that answers to it (`addendum`) records it, and
+    starts only under it committed and unedited, so that its report needs no git history to show the registration
+    came first. Outside git, or with the file uncommitted or edited since, one error says so."""
+    commit = committed_as_is(path)
+    if commit is None:
+        raise ValueError(f"{path} is not committed as it is now: commit the addendum before the first run it governs, and do not edit it afterwards")
+    return commit
+
+
+def committed_as_is(path: Path) -> str | None:
+    """The last commit to change `path` in its checkout's history, when the file is what that commit holds; None
+    when it is untracked or edited since, or outside git."""
+    commit = git("log", "-1", "--format=%H", "--", path.name, root=path.parent)
+    unchanged = bool(commit) and git("diff", "--quiet", commit, "--", path.name, root=path.parent) is not None  # None: it differs
+    return commit if unchanged else None
 
 
 def recipe_part(name: str, settings: dict, path: Path = PREREGISTRATION) -> RecipePart:

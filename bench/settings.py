@@ -103,6 +103,10 @@ class BenchSettings:
     # (`preregistered`): a results folder claimed under one registration of its task refuses runs of another.
     loop_study: str | None = None
     preregistration_digest: str | None = None
+    # An addendum to that pre-registration a preset's runs answer to, a file of bench/preregistration/ (preset
+    # loops-language-steps: looped-language-compute.json). Each record names the commit holding it as it is
+    # (`preregistration_commit`), and no run starts under it uncommitted or edited (loop_study.addendum_commit).
+    addendum: str | None = None
     # The seed `--tune_learning_rates` trains its grid on. None: the first of `seeds`, whose runs at the chosen rates
     # then count in the study too (default, paper: each row's seed-0 run there is the best of its grid on validation
     # loss). A seed outside `seeds` keeps every seed the study reports out of the choice (partial).
@@ -130,7 +134,7 @@ SCHEDULING_SETTINGS = ("seeds", "tuning_seed", "num_threads", "memory_gradient_c
 LATER_SETTINGS = {
     "task": None, "early_stopping_patience": 0, "partial_loops": False, "lr_scheduler_type": "cosine",
     "weight_decay": 0.1, "gradient_norm_interval": None, "recipe_rows": False, "recipe_agents": False,
-    "frozen_recipe": False, "loop_study": None, "preregistration_digest": None,
+    "frozen_recipe": False, "loop_study": None, "preregistration_digest": None, "addendum": None,
 }  # fmt: skip
 
 
@@ -480,6 +484,8 @@ def _check(settings: BenchSettings) -> None:
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be >= 1, got {value}")
     check_task(settings.task)
+    if settings.addendum is not None and not (PREREGISTRATION.parent / settings.addendum).is_file():
+        raise ValueError(f"the preset's addendum {settings.addendum!r}: no such file in {PREREGISTRATION.parent}")
     if settings.partial_loops:
         partial_loop_runs(settings, 0)  # a budget with no such loops fails here
     if settings.early_stopping_patience < 0:

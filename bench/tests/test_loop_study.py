@@ -144,6 +144,33 @@ def test_no_run_starts_before_its_pre_registration_is_committed_as_it_is(tmp_pat
     assert registration_commit("k-hop", digest, path) != commit  # the file's latest commit, which holds it unchanged
 
 
+def test_no_run_of_a_later_rival_starts_before_its_addendum_is_committed_as_it_is(tmp_path):
+    """An addendum (a later rival registered with a rule of its own) gives the commit its rival's records name only
+    committed and unedited; measure.py takes it from this function before training, and loop_compute.py reads it
+    from the records, with no git history."""
+    from bench.loop_study import addendum_commit
+    from bench.settings import _check
+
+    def git(*arguments):
+        return subprocess.run(["git", "-C", str(tmp_path), *arguments], check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("config", "user.email", "study@example.com")
+    git("config", "user.name", "study")
+    path = tmp_path / "looped-language-compute.json"
+    path.write_text((PREREGISTRATION.parent / "looped-language-compute.json").read_text())
+    with pytest.raises(ValueError, match="looped-language-compute.json is not committed as it is now: commit the addendum before"):
+        addendum_commit(path)
+    git("add", path.name)
+    git("commit", "-qm", "register the rival")
+    assert addendum_commit(path) == git("rev-parse", "HEAD")
+    path.write_text(path.read_text().replace('"margin_nats": 0.05', '"margin_nats": 0.1'))
+    with pytest.raises(ValueError, match="is not committed as it is now"):
+        addendum_commit(path)
+    with pytest.raises(ValueError, match="the preset's addendum 'nope.json': no such file in .*bench/preregistration"):
+        _check(dataclasses.replace(PRESETS["loops-language-steps"], addendum="nope.json"))
+
+
 def test_the_loops_presets_share_their_model_and_steps_with_the_studies_they_extend():
     """The depth tasks train depth's model and steps under the frozen recipe; language trains partial's."""
     for name in LOOP_PRESETS:
@@ -283,21 +310,21 @@ def test_the_equal_compute_addendum_pairs_its_rows_by_seed_and_shows_whether_its
     (results / "loops-language").symlink_to(REPO_ROOT / "bench" / "results" / "loops-language")
     loop = loop_compute.row_records({"preset": "loops-language", "label": "0 1 2 1 2 5 + recipe"}, results)
     assert sorted(loop) == REGISTRATION["seeds"]
-    head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    rival = {seed: run | {"label": "untied, 4 blocks", "test_loss": run["test_loss"] + 0.05 + seed / 1e4, "commit": head} for seed, run in loop.items()}
+    registered = "1f389eca8dd918f0fc97ee5e1f1ac24db16bcb8c"  # what measure.py records from loop_study.addendum_commit
+    rival = {seed: run | {"label": "untied, 4 blocks", "test_loss": run["test_loss"] + 0.05 + seed / 1e4, "preregistration_commit": registered} for seed, run in loop.items()}
     _rival_folder(results, {seed: rival[seed] for seed in REGISTRATION["seeds"][:5]})
 
     report = loop_compute.write_report(tmp_path / "report", results).read_text()
     assert "**Interim verdict: holds** (until both rows have the 10 registered seeds)" in report
-    assert "which precedes every record of the rival" in report
+    assert f"every record of the rival started under it committed as it is, in commit {registered}" in report
     payload = json.loads((tmp_path / "report" / "compute-language.json").read_text())
-    assert payload["difference"]["seeds"] == 5 and payload["difference"]["verdict"] == "lower"
+    assert payload["rows"]["loop"]["versus_rival"]["seeds"] == 5 and payload["rows"]["loop"]["versus_rival"]["verdict"] == "lower"
 
     early = REGISTRATION["seeds"][5]
-    rival[early]["commit"] = loop[early]["commit"]  # trained before the addendum was committed
+    del rival[early]["preregistration_commit"]  # a run started under no committed addendum
     _rival_folder(results, {seed: rival[seed] for seed in REGISTRATION["seeds"][5:]})
     report = loop_compute.write_report(tmp_path / "report", results).read_text()
-    assert "**Verdict: holds**" in report and "does NOT precede every record of the rival" in report
+    assert "**Verdict: holds**" in report and "NOT every record of the rival names a commit that held it" in report
 
     settings_file = results / "loops-language-steps" / "settings.json"
     settings_file.write_text(json.dumps({"fingerprint": json.dumps({"max_steps": 2000}), "baselines": {}}))
