@@ -23,7 +23,7 @@ from transformers import HfArgumentParser
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.loop_report import loop_study_markdown  # noqa: E402
-from bench.loop_study import registration_commit  # noqa: E402
+from bench.loop_study import PREREGISTRATION, addendum_commit, registration_commit  # noqa: E402
 from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.measure import count_bigram_test_loss, missing_device, run, task_data  # noqa: E402
 from bench.report import LEARNING_RATES_FILE, load_result, read_learning_rates, write_learning_rates, write_report  # noqa: E402
@@ -65,7 +65,7 @@ def main() -> None:
         raise SystemExit(f"--learning_rates_from {args.learning_rates_from}: no {LEARNING_RATES_FILE} there")
     if not args.report_only and (problem := missing_device(settings)):
         raise SystemExit(problem)
-    if settings.loop_study is not None:
+    if settings.loop_study is not None or settings.addendum is not None:
         check_registered(settings, args)
     claim_results_dir(output, settings)
     if args.tune_learning_rates is not None:
@@ -112,14 +112,18 @@ def claim_results_dir(output: Path, settings: BenchSettings) -> None:
 
 
 def check_registered(settings: BenchSettings, args: BenchArguments) -> None:
-    """A pre-registered study's runs: at the rates the preset registered (no grid, no other folder's rates), and
-    none before its pre-registration is committed as it is."""
+    """A pre-registered study's runs, or an addendum's: at the rates the preset registered (no grid, no other
+    folder's rates), and none before its registration is committed as it is (one error, before the folder is
+    claimed, rather than one per run from measure.py)."""
     for flag in ("tune_learning_rates", "learning_rates_from"):
         if getattr(args, flag) is not None:
-            raise SystemExit(f"--{flag}: a loops preset trains every row at its registered rate")
+            raise SystemExit(f"--{flag}: a pre-registered preset trains every row at its registered rate")
     if not args.report_only:
         try:
-            registration_commit(settings.loop_study, settings.preregistration_digest)
+            if settings.loop_study is not None:
+                registration_commit(settings.loop_study, settings.preregistration_digest)
+            else:
+                addendum_commit(PREREGISTRATION.parent / settings.addendum)
         except ValueError as error:
             raise SystemExit(str(error)) from None
 

@@ -486,6 +486,8 @@ def _check(settings: BenchSettings) -> None:
     check_task(settings.task)
     if settings.addendum is not None and not (PREREGISTRATION.parent / settings.addendum).is_file():
         raise ValueError(f"the preset's addendum {settings.addendum!r}: no such file in {PREREGISTRATION.parent}")
+    if settings.addendum is not None and settings.loop_study is not None:  # a record names one registration's commit
+        raise ValueError(f"a preset answers to the study ({settings.loop_study!r}) or to an addendum ({settings.addendum!r}), not both")
     if settings.partial_loops:
         partial_loop_runs(settings, 0)  # a budget with no such loops fails here
     if settings.early_stopping_patience < 0:

@@ -144,12 +144,17 @@ def test_no_run_starts_before_its_pre_registration_is_committed_as_it_is(tmp_pat
     assert registration_commit("k-hop", digest, path) != commit  # the file's latest commit, which holds it unchanged
 
 
-def test_no_run_of_a_later_rival_starts_before_its_addendum_is_committed_as_it_is(tmp_path):
+def test_no_run_of_a_later_rival_starts_before_its_addendum_is_committed_as_it_is(tmp_path, monkeypatch):
     """An addendum (a later rival registered with a rule of its own) gives the commit its rival's records name only
-    committed and unedited; measure.py takes it from this function before training, and loop_compute.py reads it
-    from the records, with no git history."""
+    committed and unedited; run_bench.py refuses to start the rival otherwise, or at other rates, before claiming a
+    folder; measure.py records the commit before training, and loop_compute.py reads it from the records, with no
+    git history."""
+    from bench import run_bench
     from bench.loop_study import addendum_commit
     from bench.settings import _check
+
+    monkeypatch.setattr(run_bench, "PREREGISTRATION", tmp_path / "looped-models.json")  # the addendum's folder: below
+    rival, args = PRESETS["loops-language-steps"], BenchArguments(preset="loops-language-steps")
 
     def git(*arguments):
         return subprocess.run(["git", "-C", str(tmp_path), *arguments], check=True, capture_output=True, text=True).stdout.strip()
@@ -161,14 +166,21 @@ def test_no_run_of_a_later_rival_starts_before_its_addendum_is_committed_as_it_i
     path.write_text((PREREGISTRATION.parent / "looped-language-compute.json").read_text())
     with pytest.raises(ValueError, match="looped-language-compute.json is not committed as it is now: commit the addendum before"):
         addendum_commit(path)
+    with pytest.raises(SystemExit, match="looped-language-compute.json is not committed as it is now"):
+        run_bench.check_registered(rival, args)
     git("add", path.name)
     git("commit", "-qm", "register the rival")
     assert addendum_commit(path) == git("rev-parse", "HEAD")
+    run_bench.check_registered(rival, args)
+    with pytest.raises(SystemExit, match="--tune_learning_rates: a pre-registered preset trains every row at its registered rate"):
+        run_bench.check_registered(rival, dataclasses.replace(args, tune_learning_rates="1e-3,3e-3"))
     path.write_text(path.read_text().replace('"margin_nats": 0.05', '"margin_nats": 0.1'))
     with pytest.raises(ValueError, match="is not committed as it is now"):
         addendum_commit(path)
     with pytest.raises(ValueError, match="the preset's addendum 'nope.json': no such file in .*bench/preregistration"):
-        _check(dataclasses.replace(PRESETS["loops-language-steps"], addendum="nope.json"))
+        _check(dataclasses.replace(rival, addendum="nope.json"))
+    with pytest.raises(ValueError, match="a preset answers to the study \\('language'\\) or to an addendum \\('looped-language-compute.json'\\), not both"):
+        _check(dataclasses.replace(rival, loop_study="language"))
 
 
 def test_the_loops_presets_share_their_model_and_steps_with_the_studies_they_extend():
@@ -294,15 +306,15 @@ def _rival_folder(results: Path, records: dict[int, dict]) -> None:
     (folder / "settings.json").write_text(json.dumps({"fingerprint": settings.fingerprint(), "baselines": {}}))
     for seed, record in records.items():
         spec = next(spec for spec in independent_runs(settings, seed) if spec.label == "untied, 4 blocks")
-        (folder / spec.directory).mkdir(parents=True)
+        (folder / spec.directory).mkdir(parents=True, exist_ok=True)  # a record written again replaces the first
         (folder / spec.directory / "result.json").write_text(json.dumps(record))
 
 
 def test_the_equal_compute_addendum_pairs_its_rows_by_seed_and_shows_whether_its_registration_came_first(tmp_path):
     """bench/loop_compute.py: the loop's records from loops-language, the rival's from loops-language-steps, paired on
     the seeds both have; interim while a registered seed is missing, final and holding when the loop is below on
-    every seed; a rival record made before the addendum was committed is named as such; a rival folder measured under
-    other settings is refused, naming it."""
+    every seed; a rival record naming no commit of the addendum is flagged; a rival folder measured under other
+    settings is refused, naming it."""
     from bench import loop_compute
 
     results = tmp_path / "results"
@@ -321,6 +333,10 @@ def test_the_equal_compute_addendum_pairs_its_rows_by_seed_and_shows_whether_its
     assert payload["rows"]["loop"]["versus_rival"]["seeds"] == 5 and payload["rows"]["loop"]["versus_rival"]["verdict"] == "lower"
 
     early = REGISTRATION["seeds"][5]
+    rival[early + 1]["preregistration_commit"] = "a later commit"  # the addendum edited and committed again
+    _rival_folder(results, {seed: rival[seed] for seed in REGISTRATION["seeds"][5:]})
+    report = loop_compute.write_report(tmp_path / "report", results).read_text()
+    assert f"in commit {registered}, a later commit (more than one: the addendum was changed between the rival's runs)" in report
     del rival[early]["preregistration_commit"]  # a run started under no committed addendum
     _rival_folder(results, {seed: rival[seed] for seed in REGISTRATION["seeds"][5:]})
     report = loop_compute.write_report(tmp_path / "report", results).read_text()

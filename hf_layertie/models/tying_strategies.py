@@ -16,8 +16,9 @@ Spec strings (`parse_strategy("cycle:4", num_blocks=12)`):
   on each of 10 (`--preset depth-fresh`), `0 1 1 1 4` above 3 untied blocks on each of 5 (`--preset
   partial-depth`), where looping block 0 instead cost and loops over 6 positions sank on some seeds
   (`bench/README.md`, "A recipe that trains tied models reliably" and "Mild loops at equal parameters"). A step
-  computes every position it does not skip (`config.skipped_positions`): the saving is memory, not time. In language modeling, nothing measured has beaten U
-  untied blocks.
+  computes every position it does not skip (`config.skipped_positions`): the saving is memory, not time. In
+  language modeling, loops came out below U untied blocks only under the 2026 loop recipe and at equal steps; given
+  a loop's block calls as more steps, U untied blocks came out below it (`bench/README.md`, "The loop recipe").
 """
 
 from __future__ import annotations
