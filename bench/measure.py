@@ -37,7 +37,6 @@ from hf_layertie.toolkit import bigram_loss, load_model, load_tokenizer, take_fi
 from hf_layertie.trainer import TyingTrainer, TyingTrainingArguments, plot_tying_history
 
 from .gradient_norms import GradientNorms
-from .loop_study import PREREGISTRATION, addendum_commit, registration_commit
 from .provenance import provenance
 from .settings import BENCH_PLAYS_DIR, STUDY_SPLITS, BenchSettings, RunSpec
 
@@ -270,10 +269,8 @@ def run(settings: BenchSettings, spec: RunSpec, run_dir: Path, model_dir: Path |
     if settings.num_threads is not None:
         torch.set_num_threads(settings.num_threads)
     source = provenance(on_gpu=settings.use_gpu)  # the code this process loaded, not what the tree holds at its end
-    if settings.loop_study is not None:  # the pre-registration governing the run, committed before it started
-        source["preregistration_commit"] = registration_commit(settings.loop_study, settings.preregistration_digest)
-    if settings.addendum is not None:  # a later rival's registration, committed before it started
-        source["preregistration_commit"] = addendum_commit(PREREGISTRATION.parent / settings.addendum)
+    if (registered := settings.registration_commit()) is not None:  # the registration governing the run, committed before it started
+        source["preregistration_commit"] = registered
     datasets.disable_progress_bars()
     tokenizer, blocks = settings_data(settings)
     memory = spec.kind == "memory"

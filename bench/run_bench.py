@@ -23,7 +23,6 @@ from transformers import HfArgumentParser
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.loop_report import loop_study_markdown  # noqa: E402
-from bench.loop_study import PREREGISTRATION, addendum_commit, registration_commit  # noqa: E402
 from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.measure import count_bigram_test_loss, missing_device, run, task_data  # noqa: E402
 from bench.report import LEARNING_RATES_FILE, load_result, read_learning_rates, write_learning_rates, write_report  # noqa: E402
@@ -120,10 +119,7 @@ def check_registered(settings: BenchSettings, args: BenchArguments) -> None:
             raise SystemExit(f"--{flag}: a pre-registered preset trains every row at its registered rate")
     if not args.report_only:
         try:
-            if settings.loop_study is not None:
-                registration_commit(settings.loop_study, settings.preregistration_digest)
-            else:
-                addendum_commit(PREREGISTRATION.parent / settings.addendum)
+            settings.registration_commit()
         except ValueError as error:
             raise SystemExit(str(error)) from None
 

@@ -18,7 +18,14 @@ from transformers import SchedulerType
 
 from hf_layertie.language_modeling import HOP_TASKS
 
-from .loop_study import PREREGISTRATION, preregistration_digest, read_preregistration, task_rows
+from .loop_study import (
+    PREREGISTRATION,
+    addendum_commit,
+    preregistration_digest,
+    read_preregistration,
+    registration_commit,
+    task_rows,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_PLAYS_DIR = REPO_ROOT / "bench" / "data" / "shakespeare"
@@ -123,6 +130,15 @@ class BenchSettings:
     def fingerprint(self) -> str:
         """What a result must have been measured under to be reused (everything but scheduling)."""
         return fingerprint(self, scheduling=SCHEDULING_SETTINGS)
+
+    def registration_commit(self) -> str | None:
+        """The commit holding the registration these runs answer to (the study's task, or an addendum), which each
+        record names; None for a preset that answers to none. An uncommitted or edited registration raises."""
+        if self.loop_study is not None:
+            return registration_commit(self.loop_study, self.preregistration_digest)
+        if self.addendum is not None:
+            return addendum_commit(PREREGISTRATION.parent / self.addendum)
+        return None
 
 
 # Settings that choose which runs to make, or how fast they go, not what a run measures: out of the fingerprint.

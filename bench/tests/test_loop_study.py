@@ -150,11 +150,16 @@ def test_no_run_of_a_later_rival_starts_before_its_addendum_is_committed_as_it_i
     folder; measure.py records the commit before training, and loop_compute.py reads it from the records, with no
     git history."""
     from bench import run_bench
+    from bench import settings as settings_module
     from bench.loop_study import addendum_commit
     from bench.settings import _check
 
-    monkeypatch.setattr(run_bench, "PREREGISTRATION", tmp_path / "looped-models.json")  # the addendum's folder: below
     rival, args = PRESETS["loops-language-steps"], BenchArguments(preset="loops-language-steps")
+
+    def check_rival(args):  # run_bench's check of the preset, its addendum in the repository below
+        with monkeypatch.context() as patched:
+            patched.setattr(settings_module, "PREREGISTRATION", tmp_path / "looped-models.json")
+            run_bench.check_registered(rival, args)
 
     def git(*arguments):
         return subprocess.run(["git", "-C", str(tmp_path), *arguments], check=True, capture_output=True, text=True).stdout.strip()
@@ -167,13 +172,13 @@ def test_no_run_of_a_later_rival_starts_before_its_addendum_is_committed_as_it_i
     with pytest.raises(ValueError, match="looped-language-compute.json is not committed as it is now: commit the addendum before"):
         addendum_commit(path)
     with pytest.raises(SystemExit, match="looped-language-compute.json is not committed as it is now"):
-        run_bench.check_registered(rival, args)
+        check_rival(args)
     git("add", path.name)
     git("commit", "-qm", "register the rival")
     assert addendum_commit(path) == git("rev-parse", "HEAD")
-    run_bench.check_registered(rival, args)
+    check_rival(args)
     with pytest.raises(SystemExit, match="--tune_learning_rates: a pre-registered preset trains every row at its registered rate"):
-        run_bench.check_registered(rival, dataclasses.replace(args, tune_learning_rates="1e-3,3e-3"))
+        check_rival(dataclasses.replace(args, tune_learning_rates="1e-3,3e-3"))
     path.write_text(path.read_text().replace('"margin_nats": 0.05', '"margin_nats": 0.1'))
     with pytest.raises(ValueError, match="is not committed as it is now"):
         addendum_commit(path)
