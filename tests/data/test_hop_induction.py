@@ -4,6 +4,7 @@ run_clm.py trains and scores it by hop count."""
 import json
 
 import pytest
+from helpers.scripts import tiny_task_flags
 from huggingface_hub import ModelCard
 
 from hf_layertie.data.generated_tasks import IGNORE_INDEX
@@ -88,12 +89,10 @@ def test_bad_task_settings_name_the_setting(text, message):
 
 
 def test_run_clm_trains_and_scores_the_task_by_hop_count(tmp_path, capsys):
-    flags = [
-        "--dataset_name", "hop_induction", "--dataset_config_name", "length=24,max_hops=2,train_examples=64,eval_examples=16",
-        "--config_overrides", "n_layer=2,n_embd=16,n_head=2,n_positions=32", "--output_dir", str(tmp_path),
-        "--do_train", "--do_eval", "--max_steps", "3", "--per_device_train_batch_size", "8", "--report_to", "none",
-        "--disable_tqdm", "true",
-    ]  # fmt: skip
+    flags = tiny_task_flags(
+        tmp_path, "hop_induction", "length=24,max_hops=2,train_examples=64,eval_examples=16",
+        "--do_eval", "--per_device_train_batch_size", "8", "--disable_tqdm", "true", max_steps=3,
+    )  # fmt: skip
     metrics = run(CAUSAL_LM, flags)
     assert {"eval_accuracy", "eval_mean_accuracy", "eval_accuracy_hops_1", "eval_accuracy_hops_2"} <= metrics.keys()
     assert "eval_bigram_loss" not in metrics  # a count bigram of the task's tokens means nothing

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers.scripts import tiny_task_flags
 
 from hf_layertie.data.generated_tasks import IGNORE_INDEX
 from hf_layertie.data.word_problem import (
@@ -112,12 +113,10 @@ def test_bad_task_settings_name_the_setting(text, message):
 
 
 def test_run_clm_trains_and_scores_the_task_by_position(tmp_path, capsys):
-    flags = [
-        "--dataset_name", "word_problem", "--dataset_config_name", "group=S3,length=6,train_examples=64,eval_examples=16",
-        "--config_overrides", "n_layer=2,n_embd=16,n_head=2,n_positions=16", "--output_dir", str(tmp_path),
-        "--do_train", "--do_eval", "--max_steps", "3", "--per_device_train_batch_size", "8", "--report_to", "none",
-        "--disable_tqdm", "true",
-    ]  # fmt: skip
+    flags = tiny_task_flags(
+        tmp_path, "word_problem", "group=S3,length=6,train_examples=64,eval_examples=16",
+        "--do_eval", "--per_device_train_batch_size", "8", "--disable_tqdm", "true", max_steps=3, n_positions=16,
+    )  # fmt: skip
     metrics = run(CAUSAL_LM, flags)
     assert {"eval_accuracy", "eval_mean_accuracy", *(f"eval_accuracy_hops_{t}" for t in range(1, 7))} <= metrics.keys()
     assert all(0 <= metrics[f"eval_accuracy_hops_{t}"] <= 1 for t in range(1, 7))

@@ -1,4 +1,5 @@
-"""Tiny settings for run_clm.py and run_mlm.py (`tiny_flags`) and the lines of a play to train them on."""
+"""Tiny settings for run_clm.py and run_mlm.py (`tiny_flags`, and `tiny_task_flags` on a generated task) and the
+lines of a play to train them on."""
 
 from hf_layertie.data.embedded import SHAKESPEARE_DIR
 
@@ -28,4 +29,13 @@ def tiny_flags(output_dir, text_files, overrides, *extra):
         "--report_to", "none",
         "--disable_tqdm", "true",
         *extra,
+    ]  # fmt: skip
+
+
+def tiny_task_flags(output_dir, task, config, *extra, n_positions=32, max_steps=1):
+    """A 2-block GPT-2 trained on the generated `task` (`--dataset_name`) with its `config` settings."""
+    return [
+        "--dataset_name", task, "--dataset_config_name", config,
+        "--config_overrides", f"n_layer=2,n_embd=16,n_head=2,n_positions={n_positions}",
+        "--output_dir", str(output_dir), "--do_train", "--max_steps", str(max_steps), "--report_to", "none", *extra,
     ]  # fmt: skip

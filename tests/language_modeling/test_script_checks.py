@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from helpers.scripts import TINY_GPT2, tiny_flags
+from helpers.scripts import TINY_GPT2, tiny_flags, tiny_task_flags
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from hf_layertie import TIED_MODELS
@@ -14,14 +14,6 @@ from hf_layertie.language_modeling import CAUSAL_LM, MASKED_LM, generated_tasks,
 from hf_layertie.language_modeling.run import parse_arguments
 from hf_layertie.toolkit import load_tokenizer, tied_model_type
 from hf_layertie.toolkit.models import load_model, small_size_overrides
-
-
-def tiny_task_flags(output_dir, task, config, *extra):
-    return [
-        "--dataset_name", task, "--dataset_config_name", config,
-        "--config_overrides", "n_layer=2,n_embd=16,n_head=2,n_positions=32",
-        "--output_dir", str(output_dir), "--do_train", "--max_steps", "1", "--report_to", "none", *extra,
-    ]  # fmt: skip
 
 
 @pytest.fixture

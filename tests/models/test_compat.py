@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.models import GPT2
+from helpers.remote_code import REFUSE_HF_LAYERTIE
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from transformers import PreTrainedModel, Trainer
@@ -97,15 +98,7 @@ def test_importing_the_package_under_an_unsupported_transformers_raises_that_err
     assert expected in completed.stderr, completed.stderr[-3000:]
 
 
-LOAD_WITHOUT_PACKAGE = """
-import sys
-
-class RefuseHfLayertie:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "hf_layertie":
-            raise ImportError(f"{name} must not be needed to load a saved checkpoint")
-
-sys.meta_path.insert(0, RefuseHfLayertie())
+LOAD_WITHOUT_PACKAGE = REFUSE_HF_LAYERTIE + """
 import transformers
 
 model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)

@@ -16,6 +16,7 @@ import pytest
 import torch
 from helpers.hub_server import HubServer, hub_server  # noqa: F401  (the fixture)
 from helpers.models import EVERY_KIND, LLAMA, make_tiny_gpt2_config
+from helpers.remote_code import REFUSE_HF_LAYERTIE
 from safetensors.torch import load_file, save_file
 
 from hf_layertie import TiedGPT2LMHeadModel
@@ -26,17 +27,6 @@ pytestmark = pytest.mark.e2e
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INPUT_IDS = torch.tensor([[5, 17, 42, 8, 99, 3, 61, 27]])
-
-REFUSE_HF_LAYERTIE = """
-import sys
-
-class RefuseHfLayertie:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "hf_layertie":
-            raise ImportError(f"{name} must not be needed to load a saved checkpoint")
-
-sys.meta_path.insert(0, RefuseHfLayertie())
-"""
 
 # Loads a model by repo id, saves its logits on `inputs.safetensors` and reports which code it ran and which
 # blocks hold the very same Parameter objects (entry i = first block sharing all of block i's Parameters).

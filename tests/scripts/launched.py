@@ -1,14 +1,19 @@
 """What the multi-process test scripts share: the tiny re-tying run they train, and how each ends (imported by its
-siblings, which run with this folder on sys.path)."""
+siblings, which run with this folder on sys.path). The run's data and arguments are the suite's own
+(`helpers.training`): this puts tests/ on sys.path, as pytest does for the suite."""
 
 import os
 import sys
+from pathlib import Path
 
-import datasets
 import torch
 
-from hf_layertie import TIED_MODELS, TyingTrainer, TyingTrainingArguments
-from hf_layertie.toolkit import process_group_ended
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from helpers.training import token_dataset, tying_args  # noqa: E402
+
+from hf_layertie import TIED_MODELS, TyingTrainer  # noqa: E402
+from hf_layertie.toolkit import process_group_ended  # noqa: E402
 
 # Tiny model sizes by plain model type.
 SIZES = {
@@ -26,23 +31,9 @@ def random_tying_trainer(output_dir: str, max_steps: int, rows: int, model_name:
     model_class, _ = TIED_MODELS[f"tied_{model_name}"]
     torch.manual_seed(0)
     config = model_class.config_class(**SIZES[model_name], vocab_size=100, bos_token_id=0, eos_token_id=0)
-    ids = torch.randint(0, 100, (rows, 16), generator=torch.Generator().manual_seed(1)).tolist()
-    data = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
-    args = dict(
-        output_dir=output_dir,
-        tying_strategy="random",
-        tying_initial_map="all",
-        tying_interval=2,
-        max_steps=max_steps,
-        per_device_train_batch_size=4,
-        learning_rate=1e-3,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        agent_seed=3,
-    )
-    args = TyingTrainingArguments(**{**args, **settings})
+    data = token_dataset(rows=rows)
+    random_ties = dict(tying_strategy="random", tying_initial_map="all", agent_seed=3, max_steps=max_steps)
+    args = tying_args(output_dir, **{**random_ties, **settings})
     return TyingTrainer(model=model_class(config), args=args, train_dataset=data, eval_dataset=data.select(range(8)))
 
 

@@ -534,26 +534,36 @@ def assert_only_checkpoint_2_of_finite_weights(trainer, output_dir) -> None:
     assert all(torch.isfinite(tensor).all() and torch.equal(current[name], tensor) for name, tensor in saved.items())
 
 
+def train_into_a_non_finite_step_3(output_dir, model, strategy, **settings) -> tuple[TyingTrainer, str]:
+    """Train `model` for 4 steps, saving every 2 (DLT deciding every 4), into a fault injected in step 3: the trainer
+    and the error it stopped with."""
+    schedule = {"tying_interval": 4} if strategy == "dlt" else {}
+    trainer = make_trainer(
+        output_dir, model=model, tying_strategy=strategy, **schedule, max_steps=4, save_strategy="steps", save_steps=2,
+        **settings,
+    )  # fmt: skip
+    with pytest.raises(FloatingPointError) as error:
+        trainer.train()
+    return trainer, str(error.value)
+
+
+def stopped_in_step_3(what: str, output_dir) -> str:
+    return (
+        f"the {what} in step 3: training stopped before that step's update, so the weights are those after step 2 "
+        f"and nothing was saved from them. To go on, resume from the last checkpoint, {output_dir / 'checkpoint-2'}, "
+        "with a lower learning_rate (this run: 0.001) or a longer warm-up"
+    )
+
+
 @pytest.mark.parametrize("strategy", ["dlt", "none"])
 def test_a_non_finite_loss_stops_training_before_its_update_and_leaves_the_checkpoint(tmp_path, strategy):
     model = tiny_model()
     # Two micro-batches per step; the first of step 3 (forward 5) is NaN: the run must stop before step 3's update.
     injection = NaNAtCall(call=5)
     model.lm_head.register_forward_hook(injection)
-    schedule = {"tying_interval": 4} if strategy == "dlt" else {}
-    trainer = make_trainer(
-        tmp_path, model=model, tying_strategy=strategy, **schedule, max_steps=4, gradient_accumulation_steps=2,
-        save_strategy="steps", save_steps=2,
-    )  # fmt: skip
-    checkpoint = tmp_path / "checkpoint-2"
-    with pytest.raises(FloatingPointError) as error:
-        trainer.train()
+    trainer, error = train_into_a_non_finite_step_3(tmp_path, model, strategy, gradient_accumulation_steps=2)
 
-    assert str(error.value) == (
-        "the training loss is not finite (NaN or inf) in step 3: training stopped before that step's update, so the "
-        f"weights are those after step 2 and nothing was saved from them. To go on, resume from the last checkpoint, "
-        f"{checkpoint}, with a lower learning_rate (this run: 0.001) or a longer warm-up"
-    )
+    assert error == stopped_in_step_3("training loss is not finite (NaN or inf)", tmp_path)
     assert injection.calls == 6  # the flag is read once the step's micro-batches are done, before its update
     assert_only_checkpoint_2_of_finite_weights(trainer, tmp_path)
 
@@ -561,18 +571,10 @@ def test_a_non_finite_loss_stops_training_before_its_update_and_leaves_the_check
 @pytest.mark.parametrize("strategy", ["dlt", "none"])
 def test_a_finite_loss_with_a_non_finite_gradient_stops_training_before_its_update(tmp_path, strategy):
     model = tiny_model()
-    injection = NaNAtCall(call=3)
-    model.transformer.wte.weight.register_hook(injection)  # the embedding: no re-tie replaces it
-    schedule = {"tying_interval": 4} if strategy == "dlt" else {}
-    trainer = make_trainer(tmp_path, model=model, tying_strategy=strategy, **schedule, max_steps=4, save_strategy="steps", save_steps=2)
-    with pytest.raises(FloatingPointError) as error:
-        trainer.train()
+    model.transformer.wte.weight.register_hook(NaNAtCall(call=3))  # the embedding: no re-tie replaces it
+    trainer, error = train_into_a_non_finite_step_3(tmp_path, model, strategy)
 
-    assert str(error.value) == (
-        "the gradient norm is not finite (nan) in step 3: training stopped before that step's update, so "
-        f"the weights are those after step 2 and nothing was saved from them. To go on, resume from the last "
-        f"checkpoint, {tmp_path / 'checkpoint-2'}, with a lower learning_rate (this run: 0.001) or a longer warm-up"
-    )
+    assert error == stopped_in_step_3("gradient norm is not finite (nan)", tmp_path)
     assert_only_checkpoint_2_of_finite_weights(trainer, tmp_path)
 
 
