@@ -62,7 +62,7 @@ def _trainable_parameters(runs: dict[str, dict[str, dict]]) -> dict[str, float]:
 
 def _completion(runs: dict[str, dict[int, dict]], seeds: list[int]) -> dict:
     """How far the task's plan has run: `complete` once every row has every registered seed (every verdict is
-    final then; before, only those `_settled` finds), with the rows not yet started and the fewest seeds a started row has."""
+    final then; before, only those `_settled_by` finds), with the rows not yet started and the fewest seeds a started row has."""
     started = [set(by_seed) & set(seeds) for by_seed in runs.values() if by_seed]
     return {
         "complete": all(set(seeds) <= set(by_seed) for by_seed in runs.values()),
@@ -91,7 +91,7 @@ def _hypotheses(registration: dict, settings: BenchSettings, payload: dict, scor
     """Each hypothesis this task tests, as registered (`key`, `words`), with the paired differences that bear on it
     on this task: (label, contrast name, difference) under `contrasts`, and for H6 under `learned_map` (the better
     fixed layout, the difference), or None; and its `outcome` (`decide`), `final` once no run yet to come can change
-    it (`_settled`)."""
+    it (`_settled_by`, the rows that make it so)."""
     language = registration["tasks"][settings.loop_study]["metric"] == "test_loss"
     hypotheses = []
     for key, words in registration["hypotheses"].items():
@@ -105,17 +105,24 @@ def _hypotheses(registration: dict, settings: BenchSettings, payload: dict, scor
         learned_map = _learned_map(payload, scored, language) if number == "H6" else None
         deciding = contrasts + ([("dlt + recipe", *learned_map)] if learned_map else [])
         outcome = decide(number, deciding, better="lower" if language else "higher")
-        outcome["final"] = completion["complete"] or _settled(outcome, deciding, completion["registered_seeds"])
+        outcome["settled_by"] = _settled_by(outcome, deciding, completion["registered_seeds"])
+        outcome["final"] = completion["complete"] or bool(outcome["settled_by"])
         hypotheses.append({"key": key, "words": words, "contrasts": contrasts, "learned_map": learned_map, "outcome": outcome})
     return hypotheses
 
 
-def _settled(outcome: dict, contrasts: list[tuple[str, str, dict]], registered_seeds: int) -> bool:
-    """Whether an outcome is final before every row has run: one that rests on the rows it names (`by_rows_named`),
-    each of their contrasts paired on every registered seed. Rows yet to run only add contrasts, and a hypothesis
-    that some row refutes (or, H3, that some row proves) stays refuted (proved) whatever the others show."""
-    named = [difference for label, _, difference in contrasts if label in outcome["by"]]
-    return outcome["by_rows_named"] and bool(named) and all(difference["seeds"] >= registered_seeds for difference in named)
+def _settled_by(outcome: dict, contrasts: list[tuple[str, str, dict]], registered_seeds: int) -> list[str]:
+    """The rows that make an outcome final before every row has run: of the rows it names, when each of them decides
+    it alone (`by_rows_named`: a row that refutes a "no row" or "every row" sentence, or that proves H3's "some
+    layout"), those whose contrasts are paired on every registered seed. Rows yet to run, and more seeds of the
+    other rows named, only add contrasts, and one such row decides whatever they show."""
+    if not outcome["by_rows_named"]:
+        return []
+    seeds: dict[str, int] = {}
+    for label, _, difference in contrasts:
+        if label in outcome["by"]:
+            seeds[label] = min(seeds.get(label, registered_seeds), difference["seeds"])
+    return [label for label in outcome["by"] if seeds.get(label, 0) >= registered_seeds]
 
 
 def decide(number: str, contrasts: list[tuple[str, str, dict]], better: str) -> dict:

@@ -13,7 +13,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))  # `bench` is a folder of the repository, not part of the installed package
 
-from bench.loop_report import decide, loop_study_markdown  # noqa: E402
+from bench.loop_report import _settled_by, decide, loop_study_markdown  # noqa: E402
 from bench.loop_study import PREREGISTRATION, read_preregistration, registration_commit, task_rows  # noqa: E402
 from bench.settings import PRESETS, BenchArguments, independent_runs, memory_runs, plan_contrasts, resolve_settings  # noqa: E402
 from hf_layertie import resolve_tying_map  # noqa: E402
@@ -250,11 +250,29 @@ def test_each_hypothesis_is_decided_by_its_sentence_read_with_the_registered_int
     assert outcome["by_rows_named"] == (holds is False if number != "H3" else holds is True)
 
 
+@pytest.mark.parametrize(
+    "number, contrasts, settled_by",
+    [
+        # One refuting row on every seed settles it, another still on 4 seeds does not undo it.
+        ("H7", [("a", "untied U", "lower", 10), ("b", "untied U", "lower", 4)], ["a"]),
+        ("H7", [("a", "untied U", "lower", 9), ("b", "untied U", "lower", 4)], []),
+        # A row decides on every seed only when each of its contrasts has them.
+        ("H4", [("a + rate", "layout alone", "lower", 10), ("a + rate", "whole recipe", "no difference detected", 7)], []),
+        ("H4", [("a + rate", "layout alone", "lower", 10), ("a + rate", "whole recipe", "no difference detected", 10)], ["a + rate"]),
+        # A sentence that holds so far rests on every row: rows yet to run could still refute it.
+        ("H7", [("a", "untied U", "no difference detected", 10)], []),
+    ],
+)  # fmt: skip
+def test_a_verdict_is_final_before_the_other_rows_once_a_row_that_decides_it_alone_has_every_seed(number, contrasts, settled_by):
+    deciding = [(label, name, _difference(verdict) | {"seeds": seeds}) for label, name, verdict, seeds in contrasts]
+    assert _settled_by(decide(number, deciding, better="lower"), deciding, registered_seeds=10) == settled_by
+
+
 def test_a_loop_report_calls_a_verdict_final_once_no_run_to_come_can_change_it():
     """The committed language report: H7's verdict names the rows below 4 untied blocks in its table, and it is final
-    once each of them is paired on every registered seed (a "no row" sentence one row refutes stays refuted); with
-    one of them a seed short it is interim. A verdict that needs every row stays interim until
-    every row has every seed; then every verdict is final."""
+    once one of them is paired on every registered seed (a "no row" sentence one row refutes stays refuted, whatever
+    the rows still running show), naming the rows that make it so; with each of them a seed short it is interim. A
+    verdict that needs every row stays interim until every row has every seed; then every verdict is final."""
     payload = json.loads((REPO_ROOT / "bench" / "reports" / "study" / "loops-language" / "results.json").read_text())
     payload["runs"] = {label: {int(seed): run for seed, run in by_seed.items()} for label, by_seed in payload["runs"].items()}
     settings = resolve_settings(BenchArguments(preset="loops-language"))
@@ -263,17 +281,20 @@ def test_a_loop_report_calls_a_verdict_final_once_no_run_to_come_can_change_it()
         return loop_study_markdown(settings, payload).split("**H7 language**")[1]
 
     below = [label for label, row in payload["rows"].items() if row["versus"].get("untied U", {}).get("verdict") == "lower" and not label.startswith("untied")]
-    settled = bool(below) and all(payload["rows"][label]["versus"]["untied U"]["seeds"] == len(REGISTRATION["seeds"]) for label in below)
+    settled_by = [label for label in below if payload["rows"][label]["versus"]["untied U"]["seeds"] == len(REGISTRATION["seeds"])]
     expected = f"does not hold** ({'; '.join(below)})" if below else "holds**"
-    assert f"**{'Verdict' if settled else 'Interim verdict'}: {expected}" in h7(payload)
-    assert ("final before the other rows" in h7(payload)) is settled
+    assert f"**{'Verdict' if settled_by else 'Interim verdict'}: {expected}" in h7(payload)
+    assert ("final before the other rows" in h7(payload)) is bool(settled_by)
+    if settled_by:
+        assert f"final before the other rows: {'; '.join(settled_by)} " in h7(payload)
     report = loop_study_markdown(settings, payload)
     assert "**Interim verdict: open**" in report  # H5 and H6: no row has run
 
     if below:
         short = json.loads(json.dumps(payload))
         short["runs"] = payload["runs"]
-        short["rows"][below[0]]["versus"]["untied U"]["seeds"] = len(REGISTRATION["seeds"]) - 1
+        for label in below:
+            short["rows"][label]["versus"]["untied U"]["seeds"] = len(REGISTRATION["seeds"]) - 1
         assert f"**Interim verdict: {expected}" in h7(short)
 
     some_run = payload["runs"]["untied, 4 blocks"][100]
