@@ -118,11 +118,8 @@ def _settled_by(outcome: dict, contrasts: list[tuple[str, str, dict]], registere
     other rows named, only add contrasts, and one such row decides whatever they show."""
     if not outcome["by_rows_named"]:
         return []
-    seeds: dict[str, int] = {}
-    for label, _, difference in contrasts:
-        if label in outcome["by"]:
-            seeds[label] = min(seeds.get(label, registered_seeds), difference["seeds"])
-    return [label for label in outcome["by"] if seeds.get(label, 0) >= registered_seeds]
+    short = {label for label, _, difference in contrasts if difference["seeds"] < registered_seeds}
+    return [label for label in outcome["by"] if label not in short]
 
 
 def decide(number: str, contrasts: list[tuple[str, str, dict]], better: str) -> dict:
