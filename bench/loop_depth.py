@@ -24,10 +24,11 @@ with, the cost per token beside each score. Not a hypothesis: no verdict.
    loop is, per layout (`LoopSegment`): the map's looped segment is the run of positions whose blocks repeat, the
    first use of each included (`cycle:U` over nU positions: the whole stack, one loop U positions; `0 1 1 3 4`:
    position 1's block, one loop one position, 2 loops trained; `0 1 2 1 2 5`: positions 1-2, one loop 2 positions).
-   The positions before and after the segment compute at every loop count. Where the loop recipe makes another
-   depth other than the trained model, each record says so (`recipe_notes`): residual scaling divides a block's
-   update by the positions computing it at the depth computed (1/k at k loops, not the trained 1/n); per-position
-   adapters of skipped positions go unused, and added positions have none (the shared weights alone).
+   The positions before and after the segment compute at every loop count. Where the loop recipe changes more than
+   the loop count at a depth other than the trained one, each record says so (`recipe_notes`): residual scaling
+   divides a block's update by the positions computing it at the depth computed (1/k at k loops, not the trained
+   1/n); per-position adapters of skipped positions go unused, and added positions have none (the shared weights
+   alone).
 4. The cost beside each score: block calls per token (the positions computed) and the wall time per token of a
    forward pass over the same test batches, every depth timed in one process in rounds, each round one depth later
    (bench/step_time.py's design), the median over rounds.
@@ -338,7 +339,7 @@ def at_loops(model, segment: LoopSegment, loops: int):
 
 
 def recipe_notes(model, segment: LoopSegment, loops: int) -> list[str]:
-    """Where the loop recipe makes `loops` other than the trained model run shorter or longer: each in words."""
+    """What the loop recipe changes, beyond the loop count, when the model runs `loops` loops, not its trained count: each in words."""
     if loops == segment.loops:
         return []
     config, notes = model.config, []
