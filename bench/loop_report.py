@@ -6,6 +6,7 @@ words it. Verdicts are the intervals'; the report judges nothing the file did no
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 
 from .loop_study import read_preregistration
 from .report import EQUIVALENCE_MARGIN, _distinct_runs, _page_context
@@ -62,7 +63,7 @@ def _trainable_parameters(runs: dict[str, dict[str, dict]]) -> dict[str, float]:
 
 def _completion(runs: dict[str, dict[int, dict]], seeds: list[int]) -> dict:
     """How far the task's plan has run: `complete` once every row has every registered seed (every verdict is
-    final then; before, only those `_settled_by` finds), with the rows not yet started and the fewest seeds a started row has."""
+    final then; before, only those `_settled_by` or `_bearing_rows_finished` finds), with the rows not yet started and the fewest seeds a started row has."""
     started = [set(by_seed) & set(seeds) for by_seed in runs.values() if by_seed]
     return {
         "complete": all(set(seeds) <= set(by_seed) for by_seed in runs.values()),
@@ -91,7 +92,7 @@ def _hypotheses(registration: dict, settings: BenchSettings, payload: dict, scor
     """Each hypothesis this task tests, as registered (`key`, `words`), with the paired differences that bear on it
     on this task: (label, contrast name, difference) under `contrasts`, and for H6 under `learned_map` (the better
     fixed layout, the difference), or None; and its `outcome` (`decide`), `final` once no run yet to come can change
-    it (`_settled_by`, the rows that make it so)."""
+    it (`_settled_by`, the rows that make it so, or `_bearing_rows_finished`)."""
     language = registration["tasks"][settings.loop_study]["metric"] == "test_loss"
     hypotheses = []
     for key, words in registration["hypotheses"].items():
@@ -106,7 +107,8 @@ def _hypotheses(registration: dict, settings: BenchSettings, payload: dict, scor
         deciding = contrasts + ([("dlt + recipe", *learned_map)] if learned_map else [])
         outcome = decide(number, deciding, better="lower" if language else "higher")
         outcome["settled_by"] = _settled_by(outcome, deciding, completion["registered_seeds"])
-        outcome["final"] = completion["complete"] or bool(outcome["settled_by"])
+        outcome["bearing_rows_finished"] = _bearing_rows_finished(number, payload["runs"], contrasts, completion["registered_seeds"])
+        outcome["final"] = completion["complete"] or bool(outcome["settled_by"]) or outcome["bearing_rows_finished"]
         hypotheses.append({"key": key, "words": words, "contrasts": contrasts, "learned_map": learned_map, "outcome": outcome})
     return hypotheses
 
@@ -120,6 +122,18 @@ def _settled_by(outcome: dict, contrasts: list[tuple[str, str, dict]], registere
         return []
     short = {label for label, _, difference in contrasts if difference["seeds"] < registered_seeds}
     return [label for label in outcome["by"] if label not in short]
+
+
+def _bearing_rows_finished(number: str, planned: Iterable[str], contrasts: list[tuple[str, str, dict]], registered_seeds: int) -> bool:
+    """Whether every planned row that bears on hypothesis `number` has each of its contrasts paired on every
+    registered seed: then the rows yet to run bear on it not at all, and its verdict, holding or not, is final (H4's
+    parts, once their tier has run, whatever the onset and DLT rows show). Never for H6, whose contrast is chosen on
+    validation among rows (`_learned_map`), nor for a hypothesis no planned row bears on."""
+    if number == "H6":
+        return False
+    bearing = {(label, name) for label in planned for name in HYPOTHESIS_CONTRASTS[number](label)}
+    paired = {(label, name) for label, name, difference in contrasts if difference["seeds"] >= registered_seeds}
+    return bool(bearing) and bearing <= paired
 
 
 def decide(number: str, contrasts: list[tuple[str, str, dict]], better: str) -> dict:

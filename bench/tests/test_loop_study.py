@@ -13,7 +13,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))  # `bench` is a folder of the repository, not part of the installed package
 
-from bench.loop_report import _settled_by, decide, loop_study_markdown  # noqa: E402
+from bench.loop_report import _bearing_rows_finished, _settled_by, decide, loop_study_markdown  # noqa: E402
 from bench.loop_study import PREREGISTRATION, read_preregistration, registration_commit, task_rows  # noqa: E402
 from bench.settings import PRESETS, BenchArguments, independent_runs, memory_runs, plan_contrasts, resolve_settings  # noqa: E402
 from hf_layertie import resolve_tying_map  # noqa: E402
@@ -268,6 +268,28 @@ def test_a_verdict_is_final_before_the_other_rows_once_a_row_that_decides_it_alo
     assert _settled_by(decide(number, deciding, better="lower"), deciding, registered_seeds=10) == settled_by
 
 
+PLANNED = ["untied, 4 blocks", "a", "a + recipe", "a + rate", "a + residual", "a + onset", "dlt + recipe"]
+
+
+@pytest.mark.parametrize(
+    "number, paired_seeds, finished",
+    [
+        # H4 rests on the parts' rows alone: once each of their contrasts has every seed, the onset's does not matter.
+        ("H4", {("a + rate", "layout alone"): 10, ("a + rate", "whole recipe"): 10, ("a + residual", "layout alone"): 10, ("a + residual", "whole recipe"): 10}, True),
+        ("H4", {("a + rate", "layout alone"): 10, ("a + rate", "whole recipe"): 10, ("a + residual", "layout alone"): 10, ("a + residual", "whole recipe"): 9}, False),
+        # A part's row not yet run bears on it: no.
+        ("H4", {("a + rate", "layout alone"): 10, ("a + rate", "whole recipe"): 10}, False),
+        # H7 bears on the onset's row too, which has not run.
+        ("H7", {(label, "untied U"): 10 for label in ["a", "a + recipe", "a + rate", "a + residual"]}, False),
+        # H6's contrast is chosen among rows on validation: never before every row has run.
+        ("H6", {}, False),
+    ],
+)  # fmt: skip
+def test_a_verdict_is_final_before_the_other_rows_once_every_row_that_bears_on_it_has_every_seed(number, paired_seeds, finished):
+    contrasts = [(label, name, _difference("no difference detected") | {"seeds": seeds}) for (label, name), seeds in paired_seeds.items()]
+    assert _bearing_rows_finished(number, PLANNED, contrasts, registered_seeds=10) is finished
+
+
 def test_a_loop_report_calls_a_verdict_final_once_no_run_to_come_can_change_it():
     """The committed language report: H7's verdict names the rows below 4 untied blocks in its table, and it is final
     once one of them is paired on every registered seed (a "no row" sentence one row refutes stays refuted, whatever
@@ -296,6 +318,18 @@ def test_a_loop_report_calls_a_verdict_final_once_no_run_to_come_can_change_it()
         for label in below:
             short["rows"][label]["versus"]["untied U"]["seeds"] = len(REGISTRATION["seeds"]) - 1
         assert f"**Interim verdict: {expected}" in h7(short)
+
+    # H4 rests on the parts' rows alone: with each of their contrasts on every seed it is final, the onset's rows unrun.
+    parts_done = json.loads(json.dumps(payload))
+    parts_done["runs"] = payload["runs"]
+    parts = [label for label in parts_done["rows"] if label.endswith((" + rate", " + residual", " + injection", " + adapters"))]
+    for label in parts:
+        for name in ("layout alone", "whole recipe"):
+            parts_done["rows"][label]["versus"][name]["seeds"] = len(REGISTRATION["seeds"])
+    h4 = loop_study_markdown(settings, parts_done).split("**H4 parts**")[1].split("\n- **")[0]
+    assert "**Verdict:" in h4 and "every row that bears on it has each of its contrasts paired on every registered seed" in h4
+    parts_done["rows"][parts[0]]["versus"]["whole recipe"]["seeds"] -= 1
+    assert "**Interim verdict:" in loop_study_markdown(settings, parts_done).split("**H4 parts**")[1].split("\n- **")[0]
 
     some_run = payload["runs"]["untied, 4 blocks"][100]
     full = {label: {seed: some_run | {"label": label, "seed": seed} for seed in REGISTRATION["seeds"]} for label in payload["runs"]}
