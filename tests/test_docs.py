@@ -89,6 +89,11 @@ def test_every_relative_link_resolves(path):
 RUNNABLE_GUIDES = [guide for guide in GUIDES if RUNNABLE.search(guide.read_text())]
 
 
+# A guard against a hung block, not a speed target: a block takes under a minute on an idle machine, and several
+# times that when the suite's other processes share its 2 cores (the serving guide's download and conversion did).
+BLOCK_TIMEOUT = 900
+
+
 def _run_guide(guide: Path, folder: Path) -> str | None:
     """Run the guide's runnable blocks in order in `folder`, as a user would; the first failure's text, or None."""
     for script in ("run_clm.py", "run_mlm.py", "run_lambada.py", "bench"):
@@ -99,7 +104,11 @@ def _run_guide(guide: Path, folder: Path) -> str | None:
     environment = os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT), "PATH": path, "OMP_NUM_THREADS": "1"}
     for number, (_, language, code) in enumerate(RUNNABLE.findall(guide.read_text()), start=1):
         command = ["bash", "-euo", "pipefail", "-c", code] if language == "bash" else [sys.executable, "-c", code]
-        done = subprocess.run(command, cwd=folder, env=environment, capture_output=True, text=True, timeout=300)
+        try:
+            done = subprocess.run(command, cwd=folder, env=environment, capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
+        except subprocess.TimeoutExpired as timed_out:
+            output = f"{timed_out.stdout or ''}\n{timed_out.stderr or ''}"
+            return f"{_name(guide)}, runnable block {number}: still running after {BLOCK_TIMEOUT} s\n{code}\n{output[-6000:]}"
         if done.returncode != 0:
             return f"{_name(guide)}, runnable block {number}:\n{code}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return None
