@@ -310,7 +310,9 @@ def test_a_loop_report_calls_a_verdict_final_once_no_run_to_come_can_change_it()
     if settled_by:
         assert f"final before the other rows: {'; '.join(settled_by)} " in h7(payload)
     report = loop_study_markdown(settings, payload)
-    assert "**Interim verdict: open**" in report  # H5 and H6: no row has run
+    h6 = report.split("**H6 learned maps**")[1].split("\n- **")[0]
+    if "does not hold**" not in h6:  # holding (or open), H6 rests on every row: interim while any is short
+        assert "**Interim verdict:" in h6
 
     if below:
         short = json.loads(json.dumps(payload))
