@@ -107,8 +107,11 @@ def _hypotheses(registration: dict, settings: BenchSettings, payload: dict, scor
         deciding = contrasts + ([("dlt + recipe", *learned_map)] if learned_map else [])
         outcome = decide(number, deciding, better="lower" if language else "higher")
         outcome["settled_by"] = _settled_by(outcome, deciding, completion["registered_seeds"])
-        outcome["bearing_rows_finished"] = _bearing_rows_finished(number, payload["runs"], contrasts, completion["registered_seeds"])
-        outcome["final"] = completion["complete"] or bool(outcome["settled_by"]) or outcome["bearing_rows_finished"]
+        outcome["final"] = (
+            completion["complete"]
+            or bool(outcome["settled_by"])
+            or _bearing_rows_finished(number, payload["runs"], contrasts, completion["registered_seeds"])
+        )
         hypotheses.append({"key": key, "words": words, "contrasts": contrasts, "learned_map": learned_map, "outcome": outcome})
     return hypotheses
 

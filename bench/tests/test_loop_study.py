@@ -13,7 +13,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))  # `bench` is a folder of the repository, not part of the installed package
 
-from bench.loop_report import _bearing_rows_finished, _settled_by, decide, loop_study_markdown  # noqa: E402
+from bench.loop_report import HYPOTHESIS_CONTRASTS, _bearing_rows_finished, _settled_by, decide, loop_study_markdown  # noqa: E402
 from bench.loop_study import PREREGISTRATION, read_preregistration, registration_commit, task_rows  # noqa: E402
 from bench.settings import PRESETS, BenchArguments, independent_runs, memory_runs, plan_contrasts, resolve_settings  # noqa: E402
 from hf_layertie import resolve_tying_map  # noqa: E402
@@ -324,9 +324,9 @@ def test_a_loop_report_calls_a_verdict_final_once_no_run_to_come_can_change_it()
     # H4 rests on the parts' rows alone: with each of their contrasts on every seed it is final, the onset's rows unrun.
     parts_done = json.loads(json.dumps(payload))
     parts_done["runs"] = payload["runs"]
-    parts = [label for label in parts_done["rows"] if label.endswith((" + rate", " + residual", " + injection", " + adapters"))]
+    parts = [label for label in parts_done["rows"] if HYPOTHESIS_CONTRASTS["H4"](label)]
     for label in parts:
-        for name in ("layout alone", "whole recipe"):
+        for name in HYPOTHESIS_CONTRASTS["H4"](label):
             parts_done["rows"][label]["versus"][name]["seeds"] = len(REGISTRATION["seeds"])
     h4 = loop_study_markdown(settings, parts_done).split("**H4 parts**")[1].split("\n- **")[0]
     assert "**Verdict:" in h4 and "every row that bears on it has each of its contrasts paired on every registered seed" in h4
