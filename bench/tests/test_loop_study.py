@@ -294,9 +294,12 @@ def test_a_loop_report_calls_a_verdict_final_once_no_run_to_come_can_change_it()
     """The committed language report: H7's verdict names the rows below 4 untied blocks in its table, and it is final
     once one of them is paired on every registered seed (a "no row" sentence one row refutes stays refuted, whatever
     the rows still running show), naming the rows that make it so; with each of them a seed short it is interim. A
-    verdict that needs every row stays interim until every row has every seed; then every verdict is final."""
+    verdict that needs every row stays interim until every row has every seed; then every verdict is final. The
+    report is read with one run still to come (DLT's last seed, which bears on neither H4 nor H7), as it was while the
+    study ran, whatever the committed records have reached since."""
     payload = json.loads((REPO_ROOT / "bench" / "reports" / "study" / "loops-language" / "results.json").read_text())
     payload["runs"] = {label: {int(seed): run for seed, run in by_seed.items()} for label, by_seed in payload["runs"].items()}
+    del payload["runs"]["dlt + recipe"][max(payload["runs"]["dlt + recipe"])]
     settings = resolve_settings(BenchArguments(preset="loops-language"))
 
     def h7(payload: dict) -> str:
