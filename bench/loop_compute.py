@@ -28,9 +28,8 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
 
 from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.provenance import source_lines  # noqa: E402
-from bench.report import collect_study, interval, paired_difference  # noqa: E402
+from bench.report import interval, paired_difference, preset_study  # noqa: E402
 from bench.scheduling import write_whole  # noqa: E402
-from bench.settings import BenchArguments, resolve_settings  # noqa: E402
 from bench.templates import render  # noqa: E402
 
 ADDENDUM = REPO_ROOT / "bench" / "preregistration" / "looped-language-compute.json"
@@ -39,16 +38,8 @@ REPORT = REPO_ROOT / "bench" / "reports" / "study" / "loops"
 
 
 def row_records(side: dict, results: Path = RESULTS) -> dict[int, dict]:
-    """seed -> record of the addendum's `loop` or `rival` ({"preset", "label"}), from its preset's results folder;
-    a folder measured under other settings than the preset's is refused, naming it."""
-    settings = resolve_settings(BenchArguments(preset=side["preset"]))
-    folder = results / side["preset"]
-    settings_file = folder / "settings.json"
-    if not settings_file.is_file():
-        return {}
-    if json.loads(settings_file.read_text())["fingerprint"] != settings.fingerprint():
-        raise ValueError(f"{folder} holds runs measured under other settings than preset {side['preset']!r}'s ({settings_file})")
-    return collect_study(settings, folder).get(side["label"], {})
+    """seed -> record of the addendum's `loop` or `rival` ({"preset", "label"}), from its preset's results folder."""
+    return preset_study(side["preset"], results / side["preset"]).get(side["label"], {})
 
 
 def registration(records: list[dict]) -> dict:

@@ -33,6 +33,7 @@ from .settings import (  # noqa: E402
     REPO_ROOT,
     SIMILARITY_FINAL_MAP_LABEL,
     STATIC_LAYOUTS,
+    BenchArguments,
     BenchSettings,
     RunSpec,
     at_learning_rates,
@@ -41,6 +42,7 @@ from .settings import (  # noqa: E402
     memory_runs,
     plan_contrasts,
     recipe_runs,
+    resolve_settings,
     runs_after,
     untied_label,
 )
@@ -94,6 +96,19 @@ def write_learning_rates(output: Path, settings: BenchSettings, grid: tuple[floa
     path = output / LEARNING_RATES_FILE
     write_whole(path, json.dumps(tuning, indent=2))
     return path
+
+
+def preset_study(preset: str, folder: Path) -> dict[str, dict[int, dict]]:
+    """`collect_study` of the runs of preset `preset` in `folder` (its own results, or a rerun's `--results_dir`):
+    {} where none was measured yet (no settings.json); a folder measured under other settings than the preset's is
+    refused, naming it."""
+    settings = resolve_settings(BenchArguments(preset=preset))
+    settings_file = folder / "settings.json"
+    if not settings_file.is_file():
+        return {}
+    if json.loads(settings_file.read_text())["fingerprint"] != settings.fingerprint():
+        raise ValueError(f"{folder} holds runs measured under other settings than preset {preset!r}'s ({settings_file})")
+    return collect_study(settings, folder)
 
 
 def collect_study(settings: BenchSettings, output: Path, learning_rates: dict[str, float] | None = None) -> dict[str, dict[int, dict]]:

@@ -363,16 +363,40 @@ def test_a_loop_report_shows_the_trainable_parameters_each_row_ended_with():
 
 def _rival_folder(results: Path, records: dict[int, dict]) -> None:
     """A results folder of preset loops-language-steps holding `records` as its `untied, 4 blocks` runs."""
-    from bench.settings import independent_runs
+    _results_folder(results / "loops-language-steps", "loops-language-steps", "untied, 4 blocks", records)
 
-    settings = resolve_settings(BenchArguments(preset="loops-language-steps"))
-    folder = results / "loops-language-steps"
+
+def _results_folder(folder: Path, preset: str, label: str, records: dict[int, dict]) -> None:
+    """A results folder of preset `preset` holding `records` as its runs of row `label`."""
+    settings = resolve_settings(BenchArguments(preset=preset))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "settings.json").write_text(json.dumps({"fingerprint": settings.fingerprint(), "baselines": {}}))
     for seed, record in records.items():
-        spec = next(spec for spec in independent_runs(settings, seed) if spec.label == "untied, 4 blocks")
+        spec = next(spec for spec in independent_runs(settings, seed) if spec.label == label)
         (folder / spec.directory).mkdir(parents=True, exist_ok=True)  # a record written again replaces the first
         (folder / spec.directory / "result.json").write_text(json.dumps(record))
+
+
+def test_a_rerun_check_pairs_a_row_trained_again_with_the_study_s_records(tmp_path):
+    """bench/rerun_check.py: a seed trained again on the study's machine is counted as repeated only when its loss
+    is the study's to the last digit; the seeds trained on another machine, and only those, give the paired
+    difference (rerun minus study); a row the preset has not is refused, naming the flag."""
+    from bench.rerun_check import RerunCheckArguments, row_records, write_report
+
+    label, seeds = "0 1 2 1 2 5 + recipe", REGISTRATION["seeds"]
+    study = row_records("loops-language", REPO_ROOT / "bench" / "results" / "loops-language", label)
+    moved = {seed: study[seed] | {"hardware": "Another CPU, 1 thread(s) per run", "test_loss": study[seed]["test_loss"] + 0.01 + seed / 1e4} for seed in seeds[:6]}
+    drifted = {seeds[8]: study[seeds[8]] | {"test_loss": study[seeds[8]]["test_loss"] + 1e-6}}
+    _results_folder(tmp_path / "rerun", "loops-language", label, moved | {seed: study[seed] for seed in seeds[6:8]} | drifted)
+
+    arguments = RerunCheckArguments(preset="loops-language", row=label, rerun=str(tmp_path / "rerun"), report_dir=str(tmp_path / "report"))
+    report = write_report(arguments).read_text()
+    other = json.loads((tmp_path / "report" / "rerun.json").read_text())["other_machine"]
+    assert other["seeds"] == 6 and other["verdict"] == "higher" and abs(other["mean"] - 0.01 - sum(seeds[:6]) / 6e4) < 1e-9
+    assert "Same machine: 2 of 3 seed(s) repeated the study's value to the last digit." in report
+    assert report.count("repeated to the last digit |") == 2 and "| Another CPU, 1 thread(s) per run |" in report
+    with pytest.raises(ValueError, match="--row 'no such row': preset 'loops-language' has no such row"):
+        write_report(dataclasses.replace(arguments, row="no such row"))
 
 
 def test_the_equal_compute_addendum_pairs_its_rows_by_seed_and_shows_whether_its_registration_came_first(tmp_path):

@@ -1,0 +1,105 @@
+#!/usr/bin/env python
+"""A study's row trained again (on another machine, or at another commit) and paired seed by seed with the study's
+own records: does a rerun repeat them? On the same machine a run is deterministic, so each seed should repeat its
+test loss to the last digit; on another processor the float kernels round differently and training takes another
+path from the same initialisation and data order, so each seed moves, and the question is whether the machine
+shifts the row (a paired interval that excludes 0) or only adds noise. The loop study's language records came from
+two processor types (bench/README.md says which tiers), so its contrasts across tiers rest on this.
+
+    python bench/run_bench.py --preset loops-language --rows "0 1 2 1 2 5 + recipe" \\
+        --results_dir bench/results/loops-language-hardware --jobs 2
+    python bench/rerun_check.py --preset loops-language --row "0 1 2 1 2 5 + recipe" \\
+        --rerun bench/results/loops-language-hardware       # bench/reports/study/loops-language/rerun.{md,json}
+
+Both folders must hold runs measured under the preset's settings (another is refused, naming it). The report is
+written from the records alone: a seed is "same machine" when both records name the same hardware.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import HfArgumentParser
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench.markdown_tables import refresh_after_report  # noqa: E402
+from bench.provenance import source_lines  # noqa: E402
+from bench.report import EQUIVALENCE_MARGIN, paired_difference, preset_study  # noqa: E402
+from bench.scheduling import write_whole  # noqa: E402
+from bench.templates import render  # noqa: E402
+
+METRIC = "test_loss"
+
+
+@dataclass
+class RerunCheckArguments:
+    """Flags of `bench/rerun_check.py`."""
+
+    preset: str = field(metadata={"help": "The study's preset: its records are in bench/results/<preset>."})
+    row: str = field(metadata={"help": "The row's label, as the study's report names it."})
+    rerun: str = field(metadata={"help": "The folder the row was trained again into (run_bench.py --results_dir)."})
+    report_dir: str | None = field(default=None, metadata={"help": "Where rerun.md and .json go. Default: bench/reports/study/<preset>."})
+
+
+def row_records(preset: str, folder: Path, label: str) -> dict[int, dict]:
+    """seed -> record of row `label` of preset `preset` in `folder` (`preset_study`); no such row, or no run
+    measured there, is refused, naming it."""
+    table = preset_study(preset, folder)
+    if not table:
+        raise FileNotFoundError(f"{folder}: no settings.json, so no run of preset {preset!r} was measured there")
+    if label not in table:
+        raise ValueError(f"--row {label!r}: preset {preset!r} has no such row (its rows: {', '.join(table)})")
+    return table[label]
+
+
+def compare(study: dict[int, dict], rerun: dict[int, dict]) -> dict:
+    """Each seed both have, with both records' metric, machine and commit, and whether the rerun repeated the
+    study's value exactly; and the paired difference (rerun minus study) over the seeds whose machines differ."""
+    seeds = sorted(study.keys() & rerun.keys())
+    pairs = [
+        {
+            "seed": seed,
+            "same_machine": study[seed]["hardware"] == rerun[seed]["hardware"],
+            "repeated": study[seed][METRIC] == rerun[seed][METRIC],
+            **{side: {key: records[seed][key] for key in (METRIC, "hardware", "commit")} for side, records in (("study", study), ("rerun", rerun))},
+        }
+        for seed in seeds
+    ]  # fmt: skip
+    moved = {pair["seed"] for pair in pairs if not pair["same_machine"]}
+    return {
+        "metric": METRIC,
+        "pairs": pairs,
+        "other_machine": paired_difference({seed: rerun[seed] for seed in moved}, {seed: study[seed] for seed in moved}, METRIC),
+    }
+
+
+def write_report(arguments: RerunCheckArguments) -> Path:
+    """rerun.{json,md} from both folders' records of the row."""
+    rerun_folder = Path(arguments.rerun).resolve()
+    study, rerun = (row_records(arguments.preset, folder, arguments.row) for folder in (REPO_ROOT / "bench" / "results" / arguments.preset, rerun_folder))
+    shown_folder = rerun_folder.relative_to(REPO_ROOT) if rerun_folder.is_relative_to(REPO_ROOT) else rerun_folder
+    payload = {"preset": arguments.preset, "row": arguments.row, "rerun": str(shown_folder), **compare(study, rerun)}
+    report_dir = Path(arguments.report_dir) if arguments.report_dir else REPO_ROOT / "bench" / "reports" / "study" / arguments.preset
+    report_dir.mkdir(parents=True, exist_ok=True)
+    write_whole(report_dir / "rerun.json", json.dumps(payload, indent=2))
+    report = report_dir / "rerun.md"
+    sources = "\n".join(source_lines([*study.values(), *rerun.values()])[1:])
+    write_whole(report, render("rerun_check.md.jinja", **payload, margin=EQUIVALENCE_MARGIN, sources=sources))
+    return report
+
+
+def main() -> None:
+    (arguments,) = HfArgumentParser(RerunCheckArguments).parse_args_into_dataclasses()
+    report = write_report(arguments)
+    print(f"Report: {report}")
+    refresh_after_report(report)
+
+
+if __name__ == "__main__":
+    main()
