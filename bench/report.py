@@ -38,6 +38,7 @@ from .settings import (  # noqa: E402
     RunSpec,
     at_learning_rates,
     core_runs,
+    freeze_recipe,
     independent_runs,
     memory_runs,
     plan_contrasts,
@@ -67,10 +68,10 @@ def read_learning_rates(folder: Path) -> dict | None:
     path = folder / LEARNING_RATES_FILE
     if not path.is_file():
         return None
-    return json.loads(path.read_text()) | {"file": _shown_path(path)}
+    return json.loads(path.read_text()) | {"file": shown_path(path)}
 
 
-def _shown_path(path: Path) -> str:
+def shown_path(path: Path) -> str:
     """`path` relative to the repository where it lies inside it: the same in every clone's report."""
     path = path.resolve()
     return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
@@ -101,11 +102,12 @@ def write_learning_rates(output: Path, settings: BenchSettings, grid: tuple[floa
 def preset_study(preset: str, folder: Path) -> dict[str, dict[int, dict]]:
     """`collect_study` of the runs of preset `preset` in `folder` (its own results, or a rerun's `--results_dir`):
     {} where none was measured yet (no settings.json); a folder measured under other settings than the preset's is
-    refused, naming it."""
-    settings = resolve_settings(BenchArguments(preset=preset))
+    refused, naming it. A `frozen_recipe` preset's runs are read under the recipe the folder was claimed under."""
     settings_file = folder / "settings.json"
     if not settings_file.is_file():
         return {}
+    arguments = BenchArguments(preset=preset)
+    settings = freeze_recipe(resolve_settings(arguments), arguments, folder)
     if json.loads(settings_file.read_text())["fingerprint"] != settings.fingerprint():
         raise ValueError(f"{folder} holds runs measured under other settings than preset {preset!r}'s ({settings_file})")
     return collect_study(settings, folder)

@@ -2,17 +2,18 @@
 """A study's row trained again (on another machine, or at another commit) and paired seed by seed with the study's
 own records: does a rerun repeat them? On the same machine a run is deterministic, so each seed should repeat its
 test loss to the last digit; on another processor the float kernels round differently and training takes another
-path from the same initialisation and data order, so each seed moves, and the question is whether the machine
+path from the same initialisation and data order, so each seed moves, and the question is whether the processor
 shifts the row (a paired interval that excludes 0) or only adds noise. The loop study's language records came from
-two processor types (bench/README.md says which tiers), so its contrasts across tiers rest on this.
+two processor types (bench/README.md, "The loop recipe", says which rows), so its contrasts across them rest on this.
 
     python bench/run_bench.py --preset loops-language --rows "0 1 2 1 2 5 + recipe" \\
         --results_dir bench/results/loops-language-hardware --jobs 2
     python bench/rerun_check.py --preset loops-language --row "0 1 2 1 2 5 + recipe" \\
         --rerun bench/results/loops-language-hardware       # bench/reports/study/loops-language/rerun.{md,json}
 
-Both folders must hold runs measured under the preset's settings (another is refused, naming it). The report is
-written from the records alone: a seed is "same machine" when both records name the same hardware.
+Both folders must hold runs measured under the preset's settings (another is refused, naming it), and share a seed
+of the row. The report is written from the records alone: a seed is on the same hardware when both records name
+the same processor and threads (two hosts of one processor model count as the same).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
 
 from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.provenance import source_lines  # noqa: E402
-from bench.report import EQUIVALENCE_MARGIN, paired_difference, preset_study  # noqa: E402
+from bench.report import EQUIVALENCE_MARGIN, paired_difference, preset_study, shown_path  # noqa: E402
 from bench.scheduling import write_whole  # noqa: E402
 from bench.templates import render  # noqa: E402
 
@@ -47,44 +48,48 @@ class RerunCheckArguments:
     report_dir: str | None = field(default=None, metadata={"help": "Where rerun.md and .json go. Default: bench/reports/study/<preset>."})
 
 
-def row_records(preset: str, folder: Path, label: str) -> dict[int, dict]:
-    """seed -> record of row `label` of preset `preset` in `folder` (`preset_study`); no such row, or no run
-    measured there, is refused, naming it."""
+def row_records(preset: str, folder: Path, label: str, flag: str) -> dict[int, dict]:
+    """seed -> finished record of row `label` of preset `preset` in `folder` (`preset_study`), the folder `flag`
+    gave; no run measured there, or no such row, is refused, naming the flag."""
     table = preset_study(preset, folder)
     if not table:
-        raise FileNotFoundError(f"{folder}: no settings.json, so no run of preset {preset!r} was measured there")
+        raise FileNotFoundError(f"{flag}: {folder} has no settings.json, so no run of preset {preset!r} was measured there")
     if label not in table:
         raise ValueError(f"--row {label!r}: preset {preset!r} has no such row (its rows: {', '.join(table)})")
     return table[label]
 
 
 def compare(study: dict[int, dict], rerun: dict[int, dict]) -> dict:
-    """Each seed both have, with both records' metric, machine and commit, and whether the rerun repeated the
-    study's value exactly; and the paired difference (rerun minus study) over the seeds whose machines differ."""
+    """Each seed both have, with both records' metric, hardware and commit, and whether the rerun repeated the
+    study's value exactly; and the paired difference (rerun minus study) over the seeds whose hardware differs."""
     seeds = sorted(study.keys() & rerun.keys())
     pairs = [
         {
             "seed": seed,
-            "same_machine": study[seed]["hardware"] == rerun[seed]["hardware"],
+            "same_hardware": study[seed]["hardware"] == rerun[seed]["hardware"],
             "repeated": study[seed][METRIC] == rerun[seed][METRIC],
             **{side: {key: records[seed][key] for key in (METRIC, "hardware", "commit")} for side, records in (("study", study), ("rerun", rerun))},
         }
         for seed in seeds
     ]  # fmt: skip
-    moved = {pair["seed"] for pair in pairs if not pair["same_machine"]}
+    moved = {pair["seed"] for pair in pairs if not pair["same_hardware"]}
     return {
         "metric": METRIC,
         "pairs": pairs,
-        "other_machine": paired_difference({seed: rerun[seed] for seed in moved}, {seed: study[seed] for seed in moved}, METRIC),
+        "other_hardware": paired_difference({seed: rerun[seed] for seed in moved}, {seed: study[seed] for seed in moved}, METRIC),
     }
 
 
 def write_report(arguments: RerunCheckArguments) -> Path:
     """rerun.{json,md} from both folders' records of the row."""
-    rerun_folder = Path(arguments.rerun).resolve()
-    study, rerun = (row_records(arguments.preset, folder, arguments.row) for folder in (REPO_ROOT / "bench" / "results" / arguments.preset, rerun_folder))
-    shown_folder = rerun_folder.relative_to(REPO_ROOT) if rerun_folder.is_relative_to(REPO_ROOT) else rerun_folder
-    payload = {"preset": arguments.preset, "row": arguments.row, "rerun": str(shown_folder), **compare(study, rerun)}
+    study_folder, rerun_folder = REPO_ROOT / "bench" / "results" / arguments.preset, Path(arguments.rerun).resolve()
+    if rerun_folder == study_folder.resolve():
+        raise ValueError(f"--rerun {arguments.rerun}: the study's own folder; pass the folder the row was trained again into")
+    study = row_records(arguments.preset, study_folder, arguments.row, "--preset")
+    rerun = row_records(arguments.preset, rerun_folder, arguments.row, "--rerun")
+    if not study.keys() & rerun.keys():
+        raise ValueError(f"--rerun {arguments.rerun}: no finished seed of {arguments.row!r} that the study has too (study: {sorted(study)}, rerun: {sorted(rerun)})")
+    payload = {"preset": arguments.preset, "row": arguments.row, "rerun": shown_path(rerun_folder), **compare(study, rerun)}
     report_dir = Path(arguments.report_dir) if arguments.report_dir else REPO_ROOT / "bench" / "reports" / "study" / arguments.preset
     report_dir.mkdir(parents=True, exist_ok=True)
     write_whole(report_dir / "rerun.json", json.dumps(payload, indent=2))

@@ -14,14 +14,24 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))  # `bench` is a folder of the repository, not part of the installed package
 
-from bench import compress, hop_depth, loop_choice, loop_compute, recipe_report, run_bench, serving  # noqa: E402
+from bench import (  # noqa: E402
+    compress,
+    hop_depth,
+    loop_choice,
+    loop_compute,
+    loop_depth,
+    recipe_report,
+    rerun_check,
+    run_bench,
+    serving,
+)
 
 # The fast tier (`python -m pytest -m "not e2e and not slow"`) leaves these out: the committed reports rebuilt from their records.
 pytestmark = pytest.mark.e2e
 
 SCRIPTS = {"run_bench.py": run_bench.main, "compress.py": compress.main, "hop_depth.py": hop_depth.main,
            "recipe_report.py": recipe_report.main, "serving.py": serving.main, "loop_choice.py": loop_choice.main,
-           "loop_compute.py": loop_compute.main}  # fmt: skip
+           "loop_compute.py": loop_compute.main, "loop_depth.py": loop_depth.main, "rerun_check.py": rerun_check.main}  # fmt: skip
 
 # (the command that writes it, less --report_dir; its committed folder; the report's name there). The reports left
 # out were written by the report code of an earlier commit, from folders the current presets no longer accept
@@ -42,7 +52,10 @@ REBUILT = [
     (["serving.py", "--report_only"], "serving", "results"),
     (["loop_choice.py"], "study/loops", "choice"),
     (["run_bench.py", "--preset", "loops-language", "--report_only", "true"], "study/loops-language", "results"),
+    (["run_bench.py", "--preset", "loops-hop", "--report_only", "true"], "study/loops-hop", "results"),
     (["loop_compute.py"], "study/loops", "compute-language"),
+    (["loop_depth.py", "--task", "language", "--report_only", "true"], "study/loops", "inference-depth-language"),
+    (["rerun_check.py", "--preset", "loops-language", "--row", "0 1 2 1 2 5 + recipe", "--rerun", str(REPO_ROOT / "bench" / "results" / "loops-language-hardware")], "study/loops-language", "rerun"),
 ]
 # The machine that wrote the report, named where records predate recording theirs: not something records give.
 WRITER_DEPENDENT = {"hardware"}

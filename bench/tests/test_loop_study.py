@@ -378,25 +378,42 @@ def _results_folder(folder: Path, preset: str, label: str, records: dict[int, di
 
 
 def test_a_rerun_check_pairs_a_row_trained_again_with_the_study_s_records(tmp_path):
-    """bench/rerun_check.py: a seed trained again on the study's machine is counted as repeated only when its loss
-    is the study's to the last digit; the seeds trained on another machine, and only those, give the paired
-    difference (rerun minus study); a row the preset has not is refused, naming the flag."""
+    """bench/rerun_check.py: a seed trained again on the study's hardware is counted as repeated only when its loss
+    is the study's to the last digit; the seeds trained on other hardware, and only those, give the paired difference
+    (rerun minus study); a row the preset has not, the study's own folder as the rerun, or a rerun sharing no seed
+    with the study is refused, naming the flag."""
     from bench.rerun_check import RerunCheckArguments, row_records, write_report
 
     label, seeds = "0 1 2 1 2 5 + recipe", REGISTRATION["seeds"]
-    study = row_records("loops-language", REPO_ROOT / "bench" / "results" / "loops-language", label)
+    study = row_records("loops-language", REPO_ROOT / "bench" / "results" / "loops-language", label, "--preset")
     moved = {seed: study[seed] | {"hardware": "Another CPU, 1 thread(s) per run", "test_loss": study[seed]["test_loss"] + 0.01 + seed / 1e4} for seed in seeds[:6]}
     drifted = {seeds[8]: study[seeds[8]] | {"test_loss": study[seeds[8]]["test_loss"] + 1e-6}}
     _results_folder(tmp_path / "rerun", "loops-language", label, moved | {seed: study[seed] for seed in seeds[6:8]} | drifted)
 
     arguments = RerunCheckArguments(preset="loops-language", row=label, rerun=str(tmp_path / "rerun"), report_dir=str(tmp_path / "report"))
     report = write_report(arguments).read_text()
-    other = json.loads((tmp_path / "report" / "rerun.json").read_text())["other_machine"]
+    other = json.loads((tmp_path / "report" / "rerun.json").read_text())["other_hardware"]
     assert other["seeds"] == 6 and other["verdict"] == "higher" and abs(other["mean"] - 0.01 - sum(seeds[:6]) / 6e4) < 1e-9
-    assert "Same machine: 2 of 3 seed(s) repeated the study's value to the last digit." in report
+    assert "Same hardware: 2 of 3 seed(s) repeated the study's value to the last digit." in report
     assert report.count("repeated to the last digit |") == 2 and "| Another CPU, 1 thread(s) per run |" in report
+    assert "| +1e-06 |" in report  # a seed that missed by a little does not read as a repeat
     with pytest.raises(ValueError, match="--row 'no such row': preset 'loops-language' has no such row"):
         write_report(dataclasses.replace(arguments, row="no such row"))
+    with pytest.raises(ValueError, match="--rerun .*: the study's own folder"):
+        write_report(dataclasses.replace(arguments, rerun=str(REPO_ROOT / "bench" / "results" / "loops-language")))
+    _results_folder(tmp_path / "elsewhere", "loops-language", "untied, 4 blocks", {seeds[0]: study[seeds[0]] | {"label": "untied, 4 blocks"}})
+    with pytest.raises(ValueError, match="--rerun .*: no finished seed of '0 1 2 1 2 5 \\+ recipe' that the study has too"):
+        write_report(dataclasses.replace(arguments, rerun=str(tmp_path / "elsewhere")))
+
+
+def test_a_frozen_recipe_preset_s_records_are_read_under_the_recipe_its_folder_was_claimed_under():
+    """`preset_study`, which rerun_check.py and loop_compute.py read records through, reads a `frozen_recipe`
+    preset's own folder (the k-hop studies, depth-fresh here) rather than refusing it as measured under other
+    settings."""
+    from bench.report import preset_study
+
+    table = preset_study("depth-fresh", REPO_ROOT / "bench" / "results" / "depth-fresh")
+    assert table["0 1 1 1"] and all(len(by_seed) == 10 for by_seed in table.values())
 
 
 def test_the_equal_compute_addendum_pairs_its_rows_by_seed_and_shows_whether_its_registration_came_first(tmp_path):
