@@ -58,7 +58,15 @@ from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.measure import task_data  # noqa: E402
 from bench.provenance import provenance  # noqa: E402
 from bench.scheduling import RESULT_FILE, Job, leave_out_of_progress, run_jobs, single_run_command, write_complete  # noqa: E402
-from bench.settings import PRESETS_DIR, REPO_ROOT, check_task, parse_integers, presets_help, with_preset_seeds  # noqa: E402
+from bench.settings import (  # noqa: E402
+    PRESETS_DIR,
+    REPO_ROOT,
+    check_task,
+    measured_under,
+    parse_integers,
+    presets_help,
+    with_preset_seeds,
+)
 
 
 @dataclass
@@ -129,7 +137,7 @@ def _claim(output: Path, settings: CompressSettings) -> None:
         task_data(settings.task, settings.block_size)  # a bad config, or a task too long for the context, fails here
     output.mkdir(parents=True, exist_ok=True)
     settings_file = output / "settings.json"
-    if settings_file.is_file() and json.loads(settings_file.read_text())["fingerprint"] != settings.fingerprint():
+    if settings_file.is_file() and not measured_under(output, settings):
         raise SystemExit(f"{output} holds runs measured with other settings ({settings_file}); pass another --results_dir")
     settings_file.write_text(json.dumps({"fingerprint": settings.fingerprint()}, indent=2))
 

@@ -62,7 +62,7 @@ from bench.loop_study import LoopRow, read_preregistration, task_rows  # noqa: E
 from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.provenance import provenance, source_lines  # noqa: E402
 from bench.scheduling import RESULT_FILE, write_complete, write_whole  # noqa: E402
-from bench.settings import BenchArguments, BenchSettings, RunSpec, freeze_recipe, resolve_settings  # noqa: E402
+from bench.settings import BenchArguments, BenchSettings, RunSpec, freeze_recipe, measured_under, resolve_settings  # noqa: E402
 
 RESULTS = REPO_ROOT / "bench" / "results"
 REPORT = REPO_ROOT / "bench" / "reports" / "study" / "loops"
@@ -205,7 +205,7 @@ def study_settings(arguments: LoopDepthArguments) -> BenchSettings:
             smoke["task"], smoke["block_size"] = SMOKE_HOP_TASK
         return dataclasses.replace(settings, **smoke)
     claimed = folder / "settings.json"
-    if not claimed.is_file() or json.loads(claimed.read_text())["fingerprint"] != settings.fingerprint():
+    if not measured_under(folder, settings):
         raise SystemExit(
             f"{claimed}: the study's records were not measured under the settings preset {preset} resolves to now "
             "(or the folder has none): the row would train otherwise than the study trained it"

@@ -40,6 +40,7 @@ from .settings import (  # noqa: E402
     core_runs,
     freeze_recipe,
     independent_runs,
+    measured_under,
     memory_runs,
     plan_contrasts,
     recipe_runs,
@@ -103,13 +104,12 @@ def preset_study(preset: str, folder: Path) -> dict[str, dict[int, dict]]:
     """`collect_study` of the runs of preset `preset` in `folder` (its own results, or a rerun's `--results_dir`):
     {} where none was measured yet (no settings.json); a folder measured under other settings than the preset's is
     refused, naming it. A `frozen_recipe` preset's runs are read under the recipe the folder was claimed under."""
-    settings_file = folder / "settings.json"
-    if not settings_file.is_file():
+    if not (folder / "settings.json").is_file():
         return {}
     arguments = BenchArguments(preset=preset)
     settings = freeze_recipe(resolve_settings(arguments), arguments, folder)
-    if json.loads(settings_file.read_text())["fingerprint"] != settings.fingerprint():
-        raise ValueError(f"{folder} holds runs measured under other settings than preset {preset!r}'s ({settings_file})")
+    if not measured_under(folder, settings):
+        raise ValueError(f"{folder} holds runs measured under other settings than preset {preset!r}'s ({folder / 'settings.json'})")
     return collect_study(settings, folder)
 
 

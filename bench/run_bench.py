@@ -37,6 +37,7 @@ from bench.settings import (  # noqa: E402
     core_runs,
     freeze_recipe,
     grid_seed,
+    measured_under,
     memory_runs,
     parse_learning_rates,
     parse_rows,
@@ -98,7 +99,7 @@ def claim_results_dir(output: Path, settings: BenchSettings) -> None:
     output.mkdir(parents=True, exist_ok=True)
     settings_file = output / "settings.json"
     if settings_file.is_file():
-        if json.loads(settings_file.read_text())["fingerprint"] != settings.fingerprint():
+        if not measured_under(output, settings):
             raise SystemExit(
                 f"{output} holds runs measured with other settings ({settings_file}); pass another --results_dir, "
                 "or delete that folder to start over"

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from transformers import SchedulerType
 
@@ -238,6 +238,19 @@ def folder_settings(folder: Path) -> dict:
     """The settings a results folder's runs were measured under: its settings.json's fingerprint, as a dict (a
     `LATER_SETTINGS` field at its former value is left out)."""
     return json.loads(json.loads((folder / "settings.json").read_text())["fingerprint"])
+
+
+class Fingerprinted(Protocol):
+    """Settings whose `fingerprint()` says what a run measures (BenchSettings, CompressSettings)."""
+
+    def fingerprint(self) -> str: ...
+
+
+def measured_under(folder: Path, settings: Fingerprinted) -> bool:
+    """Whether a results folder's runs were measured under `settings`: its settings.json holds their fingerprint
+    (False where the folder has no settings.json). Each caller says in its own error what a mismatch means there."""
+    settings_file = folder / "settings.json"
+    return settings_file.is_file() and json.loads(settings_file.read_text())["fingerprint"] == settings.fingerprint()
 
 
 def folder_recipe(folder: Path) -> dict[str, str | float]:

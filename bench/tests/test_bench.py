@@ -520,6 +520,18 @@ PARTIAL_LOOPS = {  # issue 53: 4 untied blocks, and the same 4 looped over 5, 6 
 }
 
 
+def test_a_folder_is_measured_under_its_own_settings_only(tmp_path):
+    """`measured_under`, which every script asks before it adds runs to a folder or reads them as a preset's: a
+    folder's settings.json names the settings its runs were measured under, and no others; no settings.json, no runs."""
+    from bench.settings import measured_under
+
+    default = REPO_ROOT / "bench" / "results" / "default"
+    assert measured_under(default, PRESETS["default"])
+    assert not measured_under(default, PRESETS["tiny"])
+    assert not measured_under(default, dataclasses.replace(PRESETS["default"], n_embd=PRESETS["default"].n_embd * 2))
+    assert not measured_under(tmp_path, PRESETS["default"])
+
+
 def test_memory_runs_with_gradient_checkpointing_get_folders_of_their_own_and_earlier_runs_keep_theirs():
     """Checkpointed memory runs are runs of their own (folder, record), so that a folder recorded before the setting
     existed keeps its fingerprint and its runs, and reads as runs without checkpointing."""
@@ -531,10 +543,10 @@ def test_memory_runs_with_gradient_checkpointing_get_folders_of_their_own_and_ea
     assert default.fingerprint() == recorded == dataclasses.replace(default, memory_gradient_checkpointing=(True,)).fingerprint()
     # The same for compress's later fields (`COMPRESS_LATER_SETTINGS`): its committed folders keep their runs.
     from bench.compress_settings import PRESETS as COMPRESS_PRESETS
+    from bench.settings import measured_under
 
     for name in ("default", "depth"):
-        folder = REPO_ROOT / "bench" / "results" / f"compress-{name}" / "settings.json"
-        assert COMPRESS_PRESETS[name].fingerprint() == json.loads(folder.read_text())["fingerprint"], name
+        assert measured_under(REPO_ROOT / "bench" / "results" / f"compress-{name}", COMPRESS_PRESETS[name]), name
     folders = [spec.directory for spec in memory_runs(default)]
     assert folders[:7] == [f"memory/L{depth}/{strategy}/seed0" for depth in (12, 24, 48) for strategy in ("none", "dlt")] + ["memory/L8/none/seed0"]
     assert folders[7:] == [folder.replace("/seed0", "-checkpointing/seed0") for folder in folders[:7]]
