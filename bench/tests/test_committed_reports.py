@@ -55,7 +55,7 @@ REBUILT = [
     (["run_bench.py", "--preset", "loops-hop", "--report_only", "true"], "study/loops-hop", "results"),
     (["loop_compute.py"], "study/loops", "compute-language"),
     (["loop_depth.py", "--task", "language", "--report_only", "true"], "study/loops", "inference-depth-language"),
-    (["rerun_check.py", "--preset", "loops-language", "--row", "0 1 2 1 2 5 + recipe", "--rerun", str(REPO_ROOT / "bench" / "results" / "loops-language-hardware")], "study/loops-language", "rerun"),
+    (["rerun_check.py", "--preset", "loops-language", "--rows", "0 1 2 1 2 5 + recipe", "--rerun", str(REPO_ROOT / "bench" / "results" / "loops-language-hardware")], "study/loops-language", "rerun"),
 ]
 # The machine that wrote the report, named where records predate recording theirs: not something records give.
 WRITER_DEPENDENT = {"hardware"}

@@ -377,33 +377,42 @@ def _results_folder(folder: Path, preset: str, label: str, records: dict[int, di
         (folder / spec.directory / "result.json").write_text(json.dumps(record))
 
 
-def test_a_rerun_check_pairs_a_row_trained_again_with_the_study_s_records(tmp_path):
+def test_a_rerun_check_pairs_rows_trained_again_with_the_study_s_records(tmp_path):
     """bench/rerun_check.py: a seed trained again on the study's hardware is counted as repeated only when its loss
     is the study's to the last digit; the seeds trained on other hardware, and only those, give the paired difference
-    (rerun minus study); a row the preset has not, the study's own folder as the rerun, or a rerun sharing no seed
-    with the study is refused, naming the flag."""
-    from bench.rerun_check import RerunCheckArguments, row_records, write_report
+    (rerun minus study), row by row; a loop study is compared on its pre-registered metric; a row the preset has not,
+    the study's own folder as the rerun, or a rerun sharing no seed with the study is refused, naming the flag."""
+    from bench.rerun_check import RerunCheckArguments, folder_rows, row_records, study_metric, write_report
 
-    label, seeds = "0 1 2 1 2 5 + recipe", REGISTRATION["seeds"]
-    study = row_records("loops-language", REPO_ROOT / "bench" / "results" / "loops-language", label, "--preset")
+    label, other_label, seeds = "0 1 2 1 2 5 + recipe", "untied, 4 blocks", REGISTRATION["seeds"]
+    studied = folder_rows("loops-language", REPO_ROOT / "bench" / "results" / "loops-language", "--preset")
+    study = row_records(studied, label, "loops-language")
     moved = {seed: study[seed] | {"hardware": "Another CPU, 1 thread(s) per run", "test_loss": study[seed]["test_loss"] + 0.01 + seed / 1e4} for seed in seeds[:6]}
     drifted = {seeds[8]: study[seeds[8]] | {"test_loss": study[seeds[8]]["test_loss"] + 1e-6}}
     _results_folder(tmp_path / "rerun", "loops-language", label, moved | {seed: study[seed] for seed in seeds[6:8]} | drifted)
+    repeated = {seed: row_records(studied, other_label, "loops-language")[seed] for seed in seeds[:3]}
+    _results_folder(tmp_path / "rerun", "loops-language", other_label, repeated)
 
-    arguments = RerunCheckArguments(preset="loops-language", row=label, rerun=str(tmp_path / "rerun"), report_dir=str(tmp_path / "report"))
+    arguments = RerunCheckArguments(preset="loops-language", rows=f"{label} | {other_label}", rerun=str(tmp_path / "rerun"), report_dir=str(tmp_path / "report"))
     report = write_report(arguments).read_text()
-    other = json.loads((tmp_path / "report" / "rerun.json").read_text())["other_hardware"]
+    payload = json.loads((tmp_path / "report" / "rerun.json").read_text())
+    other = payload["rows"][label]["other_hardware"]
     assert other["seeds"] == 6 and other["verdict"] == "higher" and abs(other["mean"] - 0.01 - sum(seeds[:6]) / 6e4) < 1e-9
-    assert "Same hardware: 2 of 3 seed(s) repeated the study's value to the last digit." in report
-    assert report.count("repeated to the last digit |") == 2 and "| Another CPU, 1 thread(s) per run |" in report
+    assert payload["metric"] == "test_loss" and payload["rows"][other_label]["other_hardware"] is None
+    assert f"- `{label}`: same hardware, 2 of 3 seed(s) repeated the study's value to the last digit; other hardware" in report
+    assert f"- `{other_label}`: same hardware, 3 of 3 seed(s) repeated the study's value to the last digit." in report
+    assert report.count("repeated to the last digit |") == 5 and "| Another CPU, 1 thread(s) per run |" in report
     assert "| +1e-06 |" in report  # a seed that missed by a little does not read as a repeat
-    with pytest.raises(ValueError, match="--row 'no such row': preset 'loops-language' has no such row"):
-        write_report(dataclasses.replace(arguments, row="no such row"))
+    assert study_metric("loops-hop") == "mean_accuracy" and study_metric("default") == "test_loss"
+    with pytest.raises(ValueError, match="--rows 'no such row': preset 'loops-language' has no such row"):
+        write_report(dataclasses.replace(arguments, rows=f"{label}|no such row"))
     with pytest.raises(ValueError, match="--rerun .*: the study's own folder"):
         write_report(dataclasses.replace(arguments, rerun=str(REPO_ROOT / "bench" / "results" / "loops-language")))
-    _results_folder(tmp_path / "elsewhere", "loops-language", "untied, 4 blocks", {seeds[0]: study[seeds[0]] | {"label": "untied, 4 blocks"}})
+    _results_folder(tmp_path / "elsewhere", "loops-language", other_label, repeated)
     with pytest.raises(ValueError, match="--rerun .*: no finished seed of '0 1 2 1 2 5 \\+ recipe' that the study has too"):
         write_report(dataclasses.replace(arguments, rerun=str(tmp_path / "elsewhere")))
+    with pytest.raises(FileNotFoundError, match="--rerun: .* has no settings.json"):
+        write_report(dataclasses.replace(arguments, rerun=str(tmp_path / "nowhere")))
 
 
 def test_a_frozen_recipe_preset_s_records_are_read_under_the_recipe_its_folder_was_claimed_under():
