@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""A study's row trained again (on another machine, or at another commit) and paired seed by seed with the study's
+"""A study's rows trained again (on another machine, or at another commit) and paired seed by seed with the study's
 own records: do reruns repeat them? On the same machine a run is deterministic, so each seed should repeat its
-test loss to the last digit; on another processor the float kernels round differently and training takes another
+metric to the last digit; on another processor the float kernels round differently and training takes another
 path from the same initialisation and data order, so each seed moves, and the question is whether the processor
 shifts the row (a paired interval that excludes 0) or only adds noise. The loop study's language records came from
 two processor types (bench/README.md, "The loop recipe", says which rows), so its contrasts across them rest on this;
@@ -61,9 +61,9 @@ def folder_rows(preset: str, folder: Path, flag: str) -> dict[str, dict[int, dic
 
 
 def row_records(table: dict[str, dict[int, dict]], label: str, preset: str) -> dict[int, dict]:
-    """seed -> record of row `label` in a `folder_rows` table; a row the preset has not is refused, naming --rows."""
+    """seed -> record of row `label` in the study's `folder_rows` table; a row it has not is refused, naming --rows."""
     if label not in table:
-        raise ValueError(f"--rows {label!r}: preset {preset!r} has no such row (its rows: {', '.join(table)})")
+        raise ValueError(f"--rows {label!r}: preset {preset!r}'s study has no such row (its rows: {' | '.join(table)})")
     return table[label]
 
 
@@ -82,7 +82,7 @@ def compare(study: dict[int, dict], rerun: dict[int, dict], metric: str) -> dict
             "seed": seed,
             "same_hardware": study[seed]["hardware"] == rerun[seed]["hardware"],
             "repeated": study[seed][metric] == rerun[seed][metric],
-            **{side: {key: records[seed][key] for key in (metric, "hardware", "commit")} for side, records in (("study", study), ("rerun", rerun))},
+            **{side: {metric: records[seed][metric], "hardware": records[seed]["hardware"], "commit": records[seed].get("commit")} for side, records in (("study", study), ("rerun", rerun))},
         }
         for seed in seeds
     ]  # fmt: skip
@@ -101,11 +101,12 @@ def write_report(arguments: RerunCheckArguments) -> Path:
     studied, trained_again = folder_rows(arguments.preset, study_folder, "--preset"), folder_rows(arguments.preset, rerun_folder, "--rerun")
     metric, rows, records = study_metric(arguments.preset), {}, []
     for label in dict.fromkeys(label.strip() for label in arguments.rows.split("|")):
-        study, rerun = row_records(studied, label, arguments.preset), row_records(trained_again, label, arguments.preset)
-        if not study.keys() & rerun.keys():
+        study, rerun = row_records(studied, label, arguments.preset), trained_again.get(label, {})
+        paired = study.keys() & rerun.keys()
+        if not paired:
             raise ValueError(f"--rerun {arguments.rerun}: no finished seed of {label!r} that the study has too (study: {sorted(study)}, rerun: {sorted(rerun)})")
         rows[label] = compare(study, rerun, metric)
-        records += [*study.values(), *rerun.values()]
+        records += [sides[seed] for seed in sorted(paired) for sides in (study, rerun)]
     payload = {"preset": arguments.preset, "rows": rows, "rerun": shown_path(rerun_folder), "metric": metric}
     report_dir = Path(arguments.report_dir) if arguments.report_dir else REPO_ROOT / "bench" / "reports" / "study" / arguments.preset
     report_dir.mkdir(parents=True, exist_ok=True)

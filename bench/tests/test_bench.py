@@ -28,7 +28,7 @@ from bench.provenance import processor_name  # noqa: E402
 from bench.report import interval  # noqa: E402
 from bench.run_bench import Scheduler  # noqa: E402
 from bench.scheduling import Job, run_jobs, write_complete  # noqa: E402
-from bench.settings import PRESETS, BenchArguments, RunSpec, resolve_settings  # noqa: E402
+from bench.settings import PRESETS, BenchArguments, RunSpec, measured_under, resolve_settings  # noqa: E402
 
 # The fast tier (`python -m pytest -m "not e2e and not slow"`) leaves these out: bench's studies run end to end on tiny presets.
 pytestmark = pytest.mark.e2e
@@ -523,8 +523,6 @@ PARTIAL_LOOPS = {  # issue 53: 4 untied blocks, and the same 4 looped over 5, 6 
 def test_a_folder_is_measured_under_its_own_settings_only(tmp_path):
     """`measured_under`, which every script asks before it adds runs to a folder or reads them as a preset's: a
     folder's settings.json names the settings its runs were measured under, and no others; no settings.json, no runs."""
-    from bench.settings import measured_under
-
     default = REPO_ROOT / "bench" / "results" / "default"
     assert measured_under(default, PRESETS["default"])
     assert not measured_under(default, PRESETS["tiny"])
@@ -543,7 +541,6 @@ def test_memory_runs_with_gradient_checkpointing_get_folders_of_their_own_and_ea
     assert default.fingerprint() == recorded == dataclasses.replace(default, memory_gradient_checkpointing=(True,)).fingerprint()
     # The same for compress's later fields (`COMPRESS_LATER_SETTINGS`): its committed folders keep their runs.
     from bench.compress_settings import PRESETS as COMPRESS_PRESETS
-    from bench.settings import measured_under
 
     for name in ("default", "depth"):
         assert measured_under(REPO_ROOT / "bench" / "results" / f"compress-{name}", COMPRESS_PRESETS[name]), name

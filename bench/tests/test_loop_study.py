@@ -388,7 +388,7 @@ def test_a_rerun_check_pairs_rows_trained_again_with_the_study_s_records(tmp_pat
     studied = folder_rows("loops-language", REPO_ROOT / "bench" / "results" / "loops-language", "--preset")
     study = row_records(studied, label, "loops-language")
     moved = {seed: study[seed] | {"hardware": "Another CPU, 1 thread(s) per run", "test_loss": study[seed]["test_loss"] + 0.01 + seed / 1e4} for seed in seeds[:6]}
-    drifted = {seeds[8]: study[seeds[8]] | {"test_loss": study[seeds[8]]["test_loss"] + 1e-6}}
+    drifted = {seeds[8]: study[seeds[8]] | {"test_loss": study[seeds[8]]["test_loss"] + 1e-6, "commit": None}}  # run outside git
     _results_folder(tmp_path / "rerun", "loops-language", label, moved | {seed: study[seed] for seed in seeds[6:8]} | drifted)
     repeated = {seed: row_records(studied, other_label, "loops-language")[seed] for seed in seeds[:3]}
     _results_folder(tmp_path / "rerun", "loops-language", other_label, repeated)
@@ -403,8 +403,9 @@ def test_a_rerun_check_pairs_rows_trained_again_with_the_study_s_records(tmp_pat
     assert f"- `{other_label}`: same hardware, 3 of 3 seed(s) repeated the study's value to the last digit." in report
     assert report.count("repeated to the last digit |") == 5 and "| Another CPU, 1 thread(s) per run |" in report
     assert "| +1e-06 |" in report  # a seed that missed by a little does not read as a repeat
+    assert "| unrecorded |" in report  # the commit of a run made outside git
     assert study_metric("loops-hop") == "mean_accuracy" and study_metric("default") == "test_loss"
-    with pytest.raises(ValueError, match="--rows 'no such row': preset 'loops-language' has no such row"):
+    with pytest.raises(ValueError, match="--rows 'no such row': preset 'loops-language''s study has no such row"):
         write_report(dataclasses.replace(arguments, rows=f"{label}|no such row"))
     with pytest.raises(ValueError, match="--rerun .*: the study's own folder"):
         write_report(dataclasses.replace(arguments, rerun=str(REPO_ROOT / "bench" / "results" / "loops-language")))
