@@ -37,7 +37,7 @@ from bench.markdown_tables import refresh_after_report  # noqa: E402
 from bench.provenance import source_lines  # noqa: E402
 from bench.report import EQUIVALENCE_MARGIN, paired_difference, preset_study, shown_path  # noqa: E402
 from bench.scheduling import write_whole  # noqa: E402
-from bench.settings import PRESETS  # noqa: E402
+from bench.settings import PRESETS, row_labels  # noqa: E402
 from bench.templates import render  # noqa: E402
 
 
@@ -100,7 +100,7 @@ def write_report(arguments: RerunCheckArguments) -> Path:
         raise ValueError(f"--rerun {arguments.rerun}: the study's own folder; pass the folder the rows were trained again into")
     studied, trained_again = folder_rows(arguments.preset, study_folder, "--preset"), folder_rows(arguments.preset, rerun_folder, "--rerun")
     metric, rows, records = study_metric(arguments.preset), {}, []
-    for label in dict.fromkeys(label.strip() for label in arguments.rows.split("|")):
+    for label in row_labels(arguments.rows):
         study, rerun = row_records(studied, label, arguments.preset), trained_again.get(label, {})
         paired = study.keys() & rerun.keys()
         if not paired:

@@ -635,11 +635,17 @@ def run_tiers(settings: BenchSettings) -> list[Callable[[BenchSettings, int], li
     return [equal_memory_runs, other_strategy_runs] + ([control_runs] if settings.controls else [])
 
 
+def row_labels(text: str) -> list[str]:
+    """The labels of a `--rows` flag (run_bench.py, rerun_check.py): separated by '|', the spaces around each
+    ignored, in the order given, each once."""
+    return list(dict.fromkeys(label.strip() for label in text.split("|")))
+
+
 def parse_rows(text: str | None, settings: BenchSettings) -> frozenset[str] | None:
     """`--rows`' labels, each one a row of the plan (its first seed's), or None for every row."""
     if text is None:
         return None
-    rows = frozenset(label.strip() for label in text.split("|"))
+    rows = frozenset(row_labels(text))
     planned = {spec.label for runs_of in run_tiers(settings) for spec in runs_of(settings, settings.seeds[0])}
     unknown = sorted(rows - planned)
     if unknown:
