@@ -53,6 +53,7 @@ REBUILT = [
     (["loop_choice.py"], "study/loops", "choice"),
     (["run_bench.py", "--preset", "loops-language", "--report_only", "true"], "study/loops-language", "results"),
     (["run_bench.py", "--preset", "loops-hop", "--report_only", "true"], "study/loops-hop", "results"),
+    (["run_bench.py", "--preset", "loops-language-gpu", "--report_only", "true"], "study/loops-language-gpu", "results"),
     (["loop_compute.py"], "study/loops", "compute-language"),
     (["loop_depth.py", "--task", "language", "--report_only", "true"], "study/loops", "inference-depth-language"),
     (["rerun_check.py", "--preset", "loops-language", "--rows", "0 1 2 1 2 5 + recipe", "--rerun", str(REPO_ROOT / "bench" / "results" / "loops-language-hardware")], "study/loops-language", "rerun"),

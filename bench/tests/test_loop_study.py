@@ -13,22 +13,40 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))  # `bench` is a folder of the repository, not part of the installed package
 
-from bench.loop_report import HYPOTHESIS_CONTRASTS, _bearing_rows_finished, _settled_by, decide, loop_study_markdown  # noqa: E402
+from bench.loop_report import (  # noqa: E402
+    HYPOTHESIS_CONTRASTS,
+    _bearing_rows_finished,
+    _settled_by,
+    decide,
+    departures,
+    loop_study_markdown,
+)
 from bench.loop_study import PREREGISTRATION, read_preregistration, registration_commit, task_rows  # noqa: E402
-from bench.settings import PRESETS, BenchArguments, independent_runs, memory_runs, plan_contrasts, resolve_settings  # noqa: E402
+from bench.settings import (  # noqa: E402
+    PRESETS,
+    BenchArguments,
+    independent_runs,
+    memory_runs,
+    plan_contrasts,
+    preregistered,
+    resolve_settings,
+)
 from hf_layertie import resolve_tying_map  # noqa: E402
 
 REGISTRATION = read_preregistration()
 LOOP_PRESETS = [name for name, settings in PRESETS.items() if settings.loop_study is not None]
+# The presets the pre-registration names; the other loops presets (loops-language-gpu) train a registered task
+# otherwise, and their pages say how (test_a_folder_trained_off_the_registered_settings_names_each_departure).
+REGISTERED_PRESETS = [plan["preset"] for plan in REGISTRATION["tasks"].values()]
 
 
 def test_every_task_of_the_pre_registration_has_its_preset_and_every_loops_preset_a_task():
-    assert sorted(plan["preset"] for plan in REGISTRATION["tasks"].values()) == sorted(LOOP_PRESETS)
     for task, plan in REGISTRATION["tasks"].items():
         assert PRESETS[plan["preset"]].loop_study == task
+    assert {PRESETS[name].loop_study for name in LOOP_PRESETS} == set(REGISTRATION["tasks"])
 
 
-@pytest.mark.parametrize("preset", LOOP_PRESETS)
+@pytest.mark.parametrize("preset", REGISTERED_PRESETS)
 def test_a_loops_preset_trains_the_registered_rows_at_the_registered_budget(preset):
     settings = resolve_settings(BenchArguments(preset=preset))
     plan = REGISTRATION["tasks"][settings.loop_study]
@@ -190,7 +208,7 @@ def test_no_run_of_a_later_rival_starts_before_its_addendum_is_committed_as_it_i
 
 def test_the_loops_presets_share_their_model_and_steps_with_the_studies_they_extend():
     """The depth tasks train depth's model and steps under the frozen recipe; language trains partial's."""
-    for name in LOOP_PRESETS:
+    for name in REGISTERED_PRESETS:
         settings, task = PRESETS[name], PRESETS[name].loop_study
         parent = PRESETS["partial"] if task == "language" else PRESETS["depth"]
         assert dataclasses.replace(settings, loop_study=None, seeds=parent.seeds, n_layer=parent.n_layer, partial_loops=parent.partial_loops,
@@ -462,3 +480,12 @@ def test_the_equal_compute_addendum_pairs_its_rows_by_seed_and_shows_whether_its
     settings_file.write_text(json.dumps({"fingerprint": json.dumps({"max_steps": 2000}), "baselines": {}}))
     with pytest.raises(ValueError, match="loops-language-steps holds runs measured under other settings than preset 'loops-language-steps'"):
         loop_compute.write_report(tmp_path / "report", results)
+
+
+def test_a_folder_trained_off_the_registered_settings_names_each_departure():
+    """The GPU preset's page says it is not the registered study, and by which settings; the registered presets'
+    pages say nothing of the kind (seeds, a scheduling setting, are no departure)."""
+    gpu = preregistered(PRESETS["loops-language-gpu"])
+    assert departures(gpu, "loops-language") == {"n_embd": (384, 64), "n_head": (6, 4), "use_gpu": (True, False)}
+    for task in ("loops-language", "loops-hop"):
+        assert departures(preregistered(PRESETS[task]), task) == {}
