@@ -5,13 +5,13 @@ words it. Verdicts are the intervals'; the report judges nothing the file did no
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import statistics
 from collections.abc import Iterable
 
 from .loop_study import read_preregistration
 from .report import EQUIVALENCE_MARGIN, _distinct_runs, _page_context
-from .settings import PRESETS, RECIPE_FIELDS, SCHEDULING_SETTINGS, BenchSettings, preregistered
+from .settings import PRESETS, RECIPE_FIELDS, BenchSettings, preregistered
 from .templates import render
 
 # Contrast name (bench/loop_study.py's `versus`, and `untied U` from the report's baselines) -> column header.
@@ -58,16 +58,17 @@ def loop_study_markdown(settings: BenchSettings, payload: dict) -> str:
 
 
 def departures(settings: BenchSettings, registered_preset: str) -> dict[str, tuple]:
-    """setting -> (these runs' value, the registered preset's) where they differ: a folder trained otherwise (preset
-    loops-language-gpu's width) is not the registered study, and its page says so before its verdicts, which read the
-    registered sentences on other runs. Scheduling is no departure, nor a frozen recipe's fields, which the preset
-    takes from its folder's claim (`freeze_recipe`), not from its file."""
+    """setting -> (these runs' value, the registered preset's) where what they measure differs (`fingerprint`, which
+    leaves scheduling out): a folder trained otherwise (preset loops-language-gpu's width) is not the registered study,
+    and its page says so before its verdicts, which read the registered sentences on other runs. A frozen recipe's
+    fields are no departure either: the preset takes them from its folder's claim (`freeze_recipe`), not its file."""
     registered = preregistered(PRESETS[registered_preset])
-    same_anyway = {*SCHEDULING_SETTINGS, *(RECIPE_FIELDS if registered.frozen_recipe else ())}
+    measured, expected = json.loads(settings.fingerprint()), json.loads(registered.fingerprint())
+    same_anyway = RECIPE_FIELDS if registered.frozen_recipe else ()
     return {
-        name: (value, getattr(registered, name))
-        for name, value in dataclasses.asdict(settings).items()
-        if name not in same_anyway and value != getattr(registered, name)
+        name: (measured.get(name), expected.get(name))
+        for name in dict.fromkeys([*measured, *expected])  # in the settings' order, for a page that rebuilds alike
+        if name not in same_anyway and measured.get(name) != expected.get(name)
     }
 
 

@@ -487,5 +487,5 @@ def test_a_folder_trained_off_the_registered_settings_names_each_departure():
     pages say nothing of the kind (seeds, a scheduling setting, are no departure)."""
     gpu = preregistered(PRESETS["loops-language-gpu"])
     assert departures(gpu, "loops-language") == {"n_embd": (384, 64), "n_head": (6, 4), "use_gpu": (True, False)}
-    for task in ("loops-language", "loops-hop"):
-        assert departures(preregistered(PRESETS[task]), task) == {}
+    for preset in REGISTERED_PRESETS:
+        assert departures(preregistered(PRESETS[preset]), preset) == {}
