@@ -532,6 +532,8 @@ def report_payload(records: dict) -> dict:
             "map": depth["map"], "skipped_positions": depth["skipped_positions"], metric: depth[metric],
             "ms_per_token": timed["ms_per_token"] if timed else None, "recipe_notes": depth["recipe_notes"],
         })  # fmt: skip
+        if "accuracy_by_hops" in depth:  # k-hop: which lookups a depth still does, not only how many
+            rows[-1]["accuracy_by_hops"] = depth["accuracy_by_hops"]
     study = settings.get("study_record")
     return {
         "task": settings["task"],
@@ -580,13 +582,17 @@ def markdown(payload: dict, records: list[dict]) -> str:
         "over the same test batches divided by their tokens, every depth timed in one process, in rounds (each one "
         "depth later than the one before), the median over rounds.",
         "",
-        f"| loops | how | block calls per token | {measure} | ms per token |",
-        "|---|---|---|---|---|",
+    ]
+    hops = sorted({hop for row in payload["rows"] for hop in row.get("accuracy_by_hops", {})}, key=int)
+    lines += [
+        f"| loops | how | block calls per token | {measure} | " + "".join(f"{hop} hop{'s' if hop != '1' else ''} | " for hop in hops) + "ms per token |",
+        "|---|---|---|---|" + "---|" * len(hops) + "---|",
     ]
     for row in payload["rows"]:
         value = f"{row[metric]:.4f}" if metric == "test_loss" else f"{row[metric]:.3f}"
+        by_hops = "".join(f"{row['accuracy_by_hops'][hop]:.3f} | " if hop in row.get("accuracy_by_hops", {}) else " | " for hop in hops)
         ms = "" if row["ms_per_token"] is None else f"{row['ms_per_token']:.4f}"
-        lines.append(f"| {row['loops']} | {row['how']} | {row['block_calls_per_token']} | {value} | {ms} |")
+        lines.append(f"| {row['loops']} | {row['how']} | {row['block_calls_per_token']} | {value} | {by_hops}{ms} |")
     notes = {note: [row["loops"] for row in payload["rows"] if note in row["recipe_notes"]] for row in payload["rows"] for note in row["recipe_notes"]}
     if notes:
         lines += ["", "Where the loop recipe makes another depth other than the trained model run shorter or longer:", ""]

@@ -56,6 +56,7 @@ REBUILT = [
     (["run_bench.py", "--preset", "loops-language-gpu", "--report_only", "true"], "study/loops-language-gpu", "results"),
     (["loop_compute.py"], "study/loops", "compute-language"),
     (["loop_depth.py", "--task", "language", "--report_only", "true"], "study/loops", "inference-depth-language"),
+    (["loop_depth.py", "--task", "hop", "--report_only", "true"], "study/loops", "inference-depth-hop"),
     (["rerun_check.py", "--preset", "loops-language", "--rows", "0 1 2 1 2 5 + recipe", "--rerun", str(REPO_ROOT / "bench" / "results" / "loops-language-hardware")], "study/loops-language", "rerun"),
     (["rerun_check.py", "--preset", "loops-hop", "--rows", "untied, 2 blocks|untied, 4 blocks|0 1 1 1|cycle:2, 4 positions|0 1 1 1 + recipe|cycle:2, 4 positions + recipe", "--rerun", str(REPO_ROOT / "bench" / "results" / "loops-hop-clean")], "study/loops-hop", "rerun"),
 ]

@@ -211,7 +211,10 @@ def test_on_k_hop_each_depth_is_scored_by_mean_accuracy_and_the_trained_depth_as
     assert depths[3]["mean_accuracy"] == run["mean_accuracy"] and depths[3]["accuracy_by_hops"] == run["accuracy_by_hops"]
     assert [depths[loops]["block_calls_per_token"] for loops in (1, 2, 3, 4)] == [2, 3, 4, 5]
     assert depths[2]["skipped_positions"] == [3] and depths[4]["map"] == [0, 1, 1, 1, 1]
-    assert "| 3 | as trained | 4 | " in (output / "inference-depth-hop.md").read_text()
+    report, trained = (output / "inference-depth-hop.md").read_text(), depths[3]
+    by_hops = " | ".join(f"{trained['accuracy_by_hops'][hop]:.3f}" for hop in ("1", "2"))
+    assert "| 1 hop | 2 hops | ms per token |" in report  # which lookups each depth still does, per hop count
+    assert f"| 3 | as trained | 4 | {trained['mean_accuracy']:.3f} | {by_hops} | " in report
 
 
 def test_bad_flags_are_named():
